@@ -136,8 +136,9 @@ pub struct LineTransport {
 
 enum Connection {
     Process(Box<LiveProcess>),
-    /// Buffered once per connection, so nothing an agent sends ahead is lost between calls.
-    Socket(BufReader<Box<dyn Duplex>>),
+    /// Buffered once per connection, so nothing an agent sends ahead is lost between calls;
+    /// with when its last answer was read ([`SETTLE`]).
+    Socket(BufReader<Box<dyn Duplex>>, Option<tokio::time::Instant>),
 }
 
 trait Duplex: AsyncRead + AsyncWrite + AsRawFd + Send + Unpin {}
@@ -235,13 +236,41 @@ struct LiveProcess {
     answered_at: Option<tokio::time::Instant>,
 }
 
-/// How long after a kept process's answer a line it writes is still taken as written
-/// after that answer, not as the next request's: a request is written no sooner. An agent
+/// How long after a kept process's or connection's answer a line it writes is still taken
+/// as written after that answer, not as the next request's: a request is written no sooner. An agent
 /// that prints a log line right after its answer (`print(answer, flush=True)`, then
 /// `print("handled")`) writes it microseconds later, but on a busy machine the next
 /// request went out first and read it as its own answer, another trajectory's turn. Paid
 /// only by a request that follows its process's previous answer closer than this.
 const SETTLE: Duration = Duration::from_millis(2);
+
+/// Acknowledges what the agent sent at once, instead of with the next request. An agent
+/// that writes a second line right after its answer (two `sendall`s, Nagle's algorithm on)
+/// holds that line until its answer is acknowledged; delayed, the acknowledgement rode on
+/// the next request, and the held line then arrived as that request's answer, another
+/// trajectory's turn, with every answer after it one behind. Acknowledged now, the line
+/// arrives before the next request goes out ([`SETTLE`]) and is found as the extra line it
+/// is. Linux only keeps quick acknowledgements on until the next delayed one, so this is
+/// asked after each answer; where the option is unknown it changes nothing.
+fn ack_now(fd: RawFd) {
+    #[cfg(target_os = "linux")]
+    {
+        let on: libc::c_int = 1;
+        // SAFETY: `fd` is the open socket the answer was just read from; the value is an int
+        // of the size given.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                std::ptr::addr_of!(on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = fd;
+}
 
 /// A process group that is killed when dropped: `kill_on_drop` ends only the direct child,
 /// and an agent started by `sh -c` usually is a grandchild.
@@ -539,6 +568,9 @@ impl LineTransport {
         // after each one) is opened again, not written to; so is one holding a line nobody
         // asked for.
         let mut stale = None;
+        if let Some(Connection::Socket(_, Some(answered))) = open.as_ref() {
+            tokio::time::sleep_until(*answered + SETTLE).await;
+        }
         if let Some(connection) = open.as_mut() {
             match connection.ahead().await {
                 Ahead::Quiet => {}
@@ -551,9 +583,12 @@ impl LineTransport {
         }
         if open.is_none() {
             *fresh = true;
-            *open = Some(Connection::Socket(BufReader::new(self.connect().await?)));
+            *open = Some(Connection::Socket(
+                BufReader::new(self.connect().await?),
+                None,
+            ));
         }
-        let Some(Connection::Socket(stream)) = open.as_mut() else {
+        let Some(Connection::Socket(stream, answered_at)) = open.as_mut() else {
             return Err(internal("socket connection missing"));
         };
         let describe = self.describe();
@@ -567,6 +602,10 @@ impl LineTransport {
         .await;
         sent.map_err(|e| io_fault(&e, &describe))?;
         let line = read_line(stream, self.limits.max_line, &describe).await;
+        *answered_at = Some(tokio::time::Instant::now());
+        if matches!(self.endpoint, LineEndpoint::Tcp(_)) {
+            ack_now(stream.get_ref().as_raw_fd());
+        }
         let mut extra = None;
         if !self.keep_open {
             // The connection is the call's own: a line after the answer is the agent
@@ -772,7 +811,7 @@ impl Connection {
                 let fd = process.stdout.get_ref().as_raw_fd();
                 ahead(&mut process.stdout, fd).await
             }
-            Connection::Socket(stream) => {
+            Connection::Socket(stream, _) => {
                 let fd = stream.get_ref().as_raw_fd();
                 ahead(stream, fd).await
             }
@@ -785,7 +824,7 @@ impl Connection {
             Connection::Process(mut process) => {
                 let _ = kill_group(&mut process.child).await;
             }
-            Connection::Socket(mut stream) => {
+            Connection::Socket(mut stream, _) => {
                 let _ = stream.get_mut().shutdown().await;
             }
         }
@@ -803,7 +842,7 @@ impl Connection {
                     let _ = kill_group(&mut process.child).await;
                 }
             }
-            Connection::Socket(mut stream) => {
+            Connection::Socket(mut stream, _) => {
                 let _ = stream.get_mut().shutdown().await;
             }
         }

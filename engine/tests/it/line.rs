@@ -618,6 +618,61 @@ for line in sys.stdin:
     assert!(seen > 0, "no call saw a log line");
 }
 
+/// A kept TCP connection to an agent that writes each answer twice, in two writes with
+/// Nagle's algorithm on (as Python's `sendall` does): the second write is held until the
+/// first is acknowledged, which a delayed acknowledgement left to the next request, so the
+/// held line arrived as that request's answer and every answer after it was one behind.
+/// Each call now gets its own answer, or a fault saying the agent answered twice.
+#[tokio::test]
+async fn tcp_a_kept_connection_never_takes_a_held_second_line_as_the_next_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.set_nodelay(false);
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let answer = format!("{{\"echo\":{line}}}\n");
+                    let times = if line.contains("twice") { 2 } else { 1 };
+                    for _ in 0..times {
+                        if write.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let kept = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, true);
+    for i in 0..20 {
+        // Every third call is answered twice; the others once.
+        let request = if i % 3 == 0 {
+            format!("{{\"i\":{i},\"twice\":true}}")
+        } else {
+            format!("{{\"i\":{i}}}")
+        };
+        match call(&kept, &request).await {
+            Ok(reply) => assert_eq!(text(&reply), format!("{{\"echo\":{request}}}"), "call {i}"),
+            Err(fault) => {
+                assert!(i % 3 == 0, "call {i}, answered once, failed: {fault:?}");
+                assert_eq!(
+                    fault.category,
+                    FaultCategory::Protocol,
+                    "call {i}: {fault:?}"
+                );
+                assert!(
+                    fault
+                        .message
+                        .contains("wrote another line after its answer"),
+                    "call {i}: {fault:?}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
     let (address, _) = line_server(|_| None).await;
