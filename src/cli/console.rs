@@ -593,7 +593,7 @@ impl Console {
                 if rows.is_empty() {
                     outln!(
                         "{suite}: agents side by side: {total} scenarios, all passed on every \
-                         agent: too many to list here (report.html has every one)"
+                         agent: too many to list here (trajectories.parquet has every one)"
                     );
                     continue;
                 }
@@ -604,7 +604,7 @@ impl Console {
                 };
                 let scenarios = if more == 1 { "scenario" } else { "scenarios" };
                 left_out = Some(format!(
-                    "… and {more} more {scenarios} ({why}); report.html has every one"
+                    "… and {more} more {scenarios} ({why}); trajectories.parquet has every one"
                 ));
             }
             for scenario in rows {
@@ -1351,11 +1351,12 @@ fn rows_to_print<K>(rows: Vec<(K, Counts)>) -> (Vec<(K, Counts)>, Option<String>
     };
     let line = if shown.is_empty() {
         format!(
-            "{total} scenario rows, all passed: too many to list here (report.html has every one)"
+            "{total} scenario rows, all passed: too many to list here (trajectories.parquet has \
+             every one)"
         )
     } else {
         let rows = if left_out == 1 { "row" } else { "rows" };
-        format!("… and {left_out} more {rows} ({why}); report.html has every one")
+        format!("… and {left_out} more {rows} ({why}); trajectories.parquet has every one")
     };
     (shown, Some(line))
 }

@@ -2091,7 +2091,7 @@ async fn a_summary_of_very_many_scenarios_lists_what_did_not_pass_and_counts_the
         );
     }
     assert!(
-        summary.contains("… and 256 more rows (all passed); report.html has every one"),
+        summary.contains("… and 256 more rows (all passed); trajectories.parquet has every one"),
         "{summary}"
     );
     let grid = &console[console.find("suite: agents side by side").unwrap()..];
@@ -2107,7 +2107,8 @@ async fn a_summary_of_very_many_scenarios_lists_what_did_not_pass_and_counts_the
     );
     assert!(
         grid.contains(
-            "… and 128 more scenarios (all passed on every agent); report.html has every one"
+            "… and 128 more scenarios (all passed on every agent); trajectories.parquet has \
+             every one"
         ),
         "{grid}"
     );
@@ -2134,9 +2135,9 @@ async fn a_summary_of_very_many_scenarios_lists_what_did_not_pass_and_counts_the
     let console = stdout(&o);
     assert!(
         console.starts_with(
-            "260 scenario rows, all passed: too many to list here (report.html has every one)\n\
-             suite: agents side by side: 130 scenarios, all passed on every agent: too many to \
-             list here (report.html has every one)\n"
+            "260 scenario rows, all passed: too many to list here (trajectories.parquet has \
+             every one)\nsuite: agents side by side: 130 scenarios, all passed on every agent: \
+             too many to list here (trajectories.parquet has every one)\n"
         ),
         "{console}"
     );
@@ -2273,6 +2274,32 @@ async fn a_report_of_thousands_of_instances_draws_the_failures_and_counts_the_re
     assert_eq!(
         read_parquet(&out.join("trajectories.parquet")).height(),
         260
+    );
+
+    // More failures than the page draws: those it has no room for are named in its note.
+    let mut csv = String::from("id,word\n");
+    for i in 0..203 {
+        csv.push_str(&format!("r{i:03},zebra\n"));
+    }
+    std::fs::write(dir.path().join("rows.csv"), csv).unwrap();
+    let o = trellis()
+        .args(["run", "-q", "--replace"])
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let note = &html[html.find("Not drawn here").unwrap()..];
+    let note = &note[..note.find("trajectories.parquet").unwrap()];
+    assert!(
+        note.contains("Not drawn and not all passed: ")
+            && ["many[r200]", "many[r201]", "many[r202]"]
+                .iter()
+                .all(|name| note.contains(name)),
+        "{note}"
     );
 }
 

@@ -1210,14 +1210,24 @@ fn drawn_scenarios(
 struct Undrawn {
     scenarios: u64,
     not_passing: u64,
+    /// The first [`UNDRAWN_NAMED`] of the scenarios not drawn with a trajectory that did
+    /// not pass, `suite / scenario`: named in the page's note, so that a failure the page
+    /// had no room to draw is still found by its name (and the search).
+    not_passing_names: Vec<String>,
     counts: Counts,
 }
 
+/// Scenarios not drawn, and not passing, that the page's note names at most.
+const UNDRAWN_NAMED: usize = 100;
+
 impl Undrawn {
-    fn add(&mut self, counts: &Counts) {
+    fn add(&mut self, (suite, scenario): (&str, &str), counts: &Counts) {
         self.scenarios += 1;
         if counts.total() > counts.passed {
             self.not_passing += 1;
+            if self.not_passing_names.len() < UNDRAWN_NAMED {
+                self.not_passing_names.push(format!("{suite} / {scenario}"));
+            }
         }
         self.counts.passed += counts.passed;
         self.counts.failed += counts.failed;
@@ -1327,7 +1337,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             .copied()
             .unwrap_or_default();
         if !drawn.contains(&index) {
-            undrawn.add(&counts);
+            undrawn.add((suite, scenario), &counts);
             continue;
         }
         let view = scenario_view(page, &trends, index, (suite, scenario), plan, counts);
@@ -1440,10 +1450,21 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                 count(undrawn.counts.total(), "trajectory", "trajectories")
             )
         };
+        let named = match undrawn.not_passing_names.as_slice() {
+            [] => String::new(),
+            names => format!(
+                " Not drawn and not all passed: {}{}.",
+                names.join(", "),
+                match undrawn.not_passing - names.len() as u64 {
+                    0 => String::new(),
+                    more => format!(", and {more} more"),
+                }
+            ),
+        };
         format!(
             "Not drawn here: {} of {} scenarios ({not_passing}); the page draws at most {} \
-             of them, those with a trajectory that did not pass first. The totals and the \
-             last row of \"By scenario\" count them; trajectories.parquet has every one.",
+             of them, those with a trajectory that did not pass first.{named} The totals and \
+             the last row of \"By scenario\" count them; trajectories.parquet has every one.",
             undrawn.scenarios,
             drawn.len() as u64 + undrawn.scenarios,
             MAX_SCENARIO_SECTIONS

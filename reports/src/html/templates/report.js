@@ -56,7 +56,7 @@
   statusButtons.forEach(function (b) {
     b.addEventListener('click', function () {
       filter.status = b.getAttribute('data-status');
-      statusButtons.forEach(function (x) { x.classList.toggle('on', x === b); });
+      statusButtons.forEach(function (x) { x.classList.toggle('on', x === b); x.setAttribute('aria-pressed', String(x === b)); });
       apply();
     });
   });
@@ -68,7 +68,7 @@
 
   function clearFilters() {
     filter = { status: 'all', suite: '', agent: '', text: '' };
-    statusButtons.forEach(function (x) { x.classList.toggle('on', x.getAttribute('data-status') === 'all'); });
+    statusButtons.forEach(function (x) { var on = x.getAttribute('data-status') === 'all'; x.classList.toggle('on', on); x.setAttribute('aria-pressed', String(on)); });
     if (suiteBox) { suiteBox.value = ''; }
     if (agentBox) { agentBox.value = ''; }
     if (textBox) { textBox.value = ''; }
