@@ -161,6 +161,8 @@ const MAX_UNCHANGED_ROWS: usize = 500;
 #[derive(Serialize)]
 struct SectionView {
     title: &'static str,
+    /// What a row's pass rate counts.
+    about: &'static str,
     rows: Vec<RowView>,
     changed: usize,
     total: usize,
@@ -218,7 +220,12 @@ fn p_value(p: Option<f64>) -> String {
     }
 }
 
-fn direction(delta: Option<f64>, higher_is_better: bool) -> &'static str {
+/// How a change is coloured: by its sign, unless the comparison found none (a latency of
+/// "+0 ms" or "+7 ms" within the noise is not drawn as a loss beside "unchanged").
+fn direction(delta: Option<f64>, higher_is_better: bool, verdict: &str) -> &'static str {
+    if matches!(verdict, "unchanged" | "not gated" | "not comparable") {
+        return "flat";
+    }
     match delta {
         Some(d) if d.abs() < 1e-9 => "flat",
         Some(d) if (d > 0.0) == higher_is_better => "up",
@@ -234,7 +241,7 @@ fn rate_cell(rate: &CompareRate) -> CellView {
         delta: rate
             .delta_points
             .map_or_else(String::new, |d| format!("{d:+.1} pts").replace('-', "−")),
-        direction: direction(rate.delta_points, true),
+        direction: direction(rate.delta_points, true, &rate.verdict),
         p_value: p_value(rate.p_value),
         verdict: rate.verdict.clone(),
         verdict_class: verdict_class(&rate.verdict),
@@ -292,7 +299,7 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
             base: metric_value(&m.metric, m.base),
             head: metric_value(&m.metric, m.head),
             delta,
-            direction: direction(m.delta, higher_is_better),
+            direction: direction(m.delta, higher_is_better, &m.verdict),
             p_value: p_value(m.p_value),
             verdict: m.verdict.clone(),
             verdict_class: verdict_class(&m.verdict),
@@ -335,9 +342,10 @@ fn row(prefix: &str, index: usize, r: &CompareRow) -> RowView {
 
 impl CompareView {
     fn of(page: &ComparePage) -> Self {
-        let section = |title, prefix: &str, rows: &[CompareRow]| {
+        let section = |title, about, prefix: &str, rows: &[CompareRow]| {
             let mut view = SectionView {
                 title,
+                about,
                 rows: Vec::new(),
                 changed: 0,
                 total: rows.len(),
@@ -381,9 +389,26 @@ impl CompareView {
                 .map(|(i, m)| metric_row(i, m))
                 .collect(),
             sections: vec![
-                section("Scenarios", "s", &page.scenarios),
-                section("Branches", "b", &page.branches),
-                section("Criteria", "c", &page.criteria),
+                section(
+                    "Scenarios",
+                    "A scenario's rate counts its repetitions in which every branch passed; \
+                     a branch's own rate is under Branches.",
+                    "s",
+                    &page.scenarios,
+                ),
+                section(
+                    "Branches",
+                    "Each trajectory (one path through the scenario's branches), across its \
+                     repetitions.",
+                    "b",
+                    &page.branches,
+                ),
+                section(
+                    "Criteria",
+                    "Each check, across the trajectories and repetitions that reached it.",
+                    "c",
+                    &page.criteria,
+                ),
             ],
         }
     }

@@ -429,6 +429,15 @@ fn the_compare_page_shows_regressions_first_and_escapes_everything() {
     assert!(html.contains("data-changed=\"no\""));
     // Turns numbered from 0, as `turn_index` in the tables (the fixture's row is turn 2).
     assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 2"));
+    // What each section's rate counts, and what "noise" means, are on the page.
+    assert!(html.contains("counts its repetitions in which every branch passed"));
+    assert!(html.contains("one-sided Fisher exact test"));
+    // A note that qualifies the verdict is shown with it.
+    let mut page = super::fixtures::compare_page("why");
+    page.notes = vec!["the base run was made without --strict".into()];
+    trellis_reports::write_compare(&path, &page).unwrap();
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(html.contains("Note: the base run was made without --strict"));
 }
 
 /// Two runs of many unchanged scenarios: the page lists what changed and a bounded number
