@@ -83,6 +83,9 @@ pub enum Kind {
     DuplicateCheck,
     /// Nothing to load: a directory without `.kdl` files, or a file with no nodes at all.
     NoSuite,
+    /// A warning of `trellis check`: a scenario scripts more agent turns on a path than its
+    /// `max-turns`, so that path fails at the limit whatever the agent does.
+    MaxTurns,
 }
 
 impl Kind {
@@ -121,6 +124,7 @@ impl Kind {
             Kind::UnknownTool => "trellis::unknown_tool",
             Kind::DuplicateCheck => "trellis::duplicate_check",
             Kind::NoSuite => "trellis::no_suite",
+            Kind::MaxTurns => "trellis::max_turns",
         }
     }
 }
@@ -161,7 +165,8 @@ impl Diagnostic {
                 | Kind::NoChecks
                 | Kind::UnsetEnv
                 | Kind::UnknownTool
-                | Kind::DuplicateCheck => Severity::Warning,
+                | Kind::DuplicateCheck
+                | Kind::MaxTurns => Severity::Warning,
                 _ => Severity::Error,
             },
         }

@@ -268,6 +268,95 @@ fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnosti
     along(&sc.steps, HashMap::new(), &mut said, files, out);
 }
 
+/// A `max-turns` below the turns a path's scripted steps take: every trajectory of that
+/// path fails at the limit whatever the agent does ("reached max-turns with scripted steps
+/// left"), which is the suite's arithmetic, not the agent's behaviour. Simulated turns are
+/// not counted: how many there are is the simulator's to decide.
+fn scripted_past_max_turns(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    /// The most agent turns any path through `steps` takes from its scripted steps.
+    fn most(steps: &[Step]) -> u64 {
+        let mut turns = 0u64;
+        for (i, step) in steps.iter().enumerate() {
+            match &step.kind {
+                StepKind::User(_) | StepKind::Call { .. } => turns += 1,
+                StepKind::Fork(branches) => {
+                    let widest = branches.iter().map(|b| most(&b.steps)).max().unwrap_or(0);
+                    let rest = steps.get(i + 1..).unwrap_or_default();
+                    return turns + widest + most(rest);
+                }
+                _ => {}
+            }
+        }
+        turns
+    }
+    let Some(max) = sc.max_turns else {
+        return;
+    };
+    let opening = u64::from(sc.first_turn == FirstTurn::Agent);
+    let turns = most(&sc.steps) + opening;
+    if turns <= u64::from(max) {
+        return;
+    }
+    out.push(
+        Diagnostic::at_span(
+            Kind::MaxTurns,
+            format!(
+                "scenario `{}` scripts {turns} agent turns on its longest path, past its \
+                 `max-turns {max}`: that path fails at the limit whatever the agent does",
+                sc.id.value
+            ),
+            files,
+            sc.id.span,
+            "more scripted turns than max-turns",
+        )
+        .with_help(format!(
+            "raise `max-turns` to at least {turns}, or script fewer steps (a `user`, a `call` \
+             and an agent's opening turn each take one)"
+        )),
+    );
+}
+
+/// `needs` on a `draft` or `archived` scenario: it does not run without
+/// `--include-inactive`, so the scenario that needs it is skipped every time.
+fn needs_of_inactive(project: &Project, suite: &Suite, sc: &Scenario, out: &mut Vec<Diagnostic>) {
+    if sc.status != Status::Active {
+        return;
+    }
+    for need in &sc.needs {
+        let (in_suite, id) = match crate::graph::split_reference(&need.value) {
+            Some((other, id)) => (project.suites.iter().find(|s| s.name == other), id),
+            None => (Some(suite), need.value.as_str()),
+        };
+        let Some(needed) = in_suite.and_then(|s| s.scenarios.iter().find(|n| n.id.value == id))
+        else {
+            continue;
+        };
+        let status = match needed.status {
+            Status::Active => continue,
+            Status::Draft => "a draft",
+            Status::Archived => "archived",
+        };
+        out.push(
+            Diagnostic::at_span(
+                Kind::NotRunnable,
+                format!(
+                    "scenario `{}` needs `{}`, which is {status} and does not run by default: \
+                     `{}` is skipped unless the run is given --include-inactive",
+                    sc.id.value, need.value, sc.id.value
+                ),
+                &project.files,
+                need.span,
+                "needs an inactive scenario",
+            )
+            .with_help(format!(
+                "make `{}` active (`status \"active\"`, the default), or run with \
+                 --include-inactive",
+                need.value
+            )),
+        );
+    }
+}
+
 /// What `trellis check` warns about in a valid project: scenarios that check nothing (their
 /// trajectories are recorded as skipped, not passed) and `env` variables a template reads
 /// that `is_set` says are unset (rendering fails at run time). One warning per variable, at
@@ -277,13 +366,15 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
     let mut out = Vec::new();
     // Instances of one `for-each` / `matrix` scenario share its steps: one warning for all.
     let mut warned: HashSet<(Span, &str)> = HashSet::new();
-    for (_, sc) in project.scenarios() {
+    for (suite, sc) in project.scenarios() {
         let first_instance = sc
             .instance
             .as_ref()
             .is_none_or(|i| warned.insert((sc.id.span, i.base.as_str())));
         if first_instance {
             duplicate_checks(sc, files, &mut out);
+            scripted_past_max_turns(sc, files, &mut out);
+            needs_of_inactive(project, suite, sc, &mut out);
         }
         if first_instance && !checks_something(sc) {
             let shown = match &sc.instance {

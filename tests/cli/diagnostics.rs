@@ -1140,6 +1140,51 @@ scenario "s" {
     );
 }
 
+/// A `max-turns` below a path's scripted turns fails that path whatever the agent does,
+/// and a `needs` on a draft skips its scenario every run: both are said at `check`.
+#[tokio::test]
+async fn max_turns_below_the_script_and_needs_on_a_draft_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "a" protocol="connexity" builtin="booking"
+scenario "wip" {
+    status "draft"
+    user "hi"
+    expect no-error
+}
+scenario "long" {
+    max-turns 2
+    needs "wip"
+    user "one"
+    branch "x" { user "two"; user "three"; }
+    branch "y" { user "two"; }
+    user "after"
+    expect no-error
+}
+scenario "fits" {
+    max-turns 3
+    user "one"
+    branch "x" { user "two"; }
+    user "after"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    for warning in [
+        "scenario `long` scripts 4 agent turns on its longest path",
+        "scenario `long` needs `wip`, which is a draft and does not run by default",
+    ] {
+        assert!(said.contains(warning), "{warning}: {said}");
+    }
+    assert_eq!(said.matches("trellis::max_turns").count(), 1, "{said}");
+}
+
 /// A check written twice for one turn (or twice for the whole trajectory) is a warning: its
 /// two results would be recorded alike. The same check on another turn, or in each branch
 /// after a fork, is not.
