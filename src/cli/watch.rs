@@ -129,7 +129,11 @@ enum Why {
     /// the agent afresh while it was away (no finished run compared them for it): it talks
     /// afresh.
     BackAfterNeeds,
-    /// Its steps (or its agent, persona, tools…) changed.
+    /// What shapes every answer besides its steps changed: its agent, persona, tools,
+    /// `user-context`, settings, or the dataset row of an instance. Every trajectory of it
+    /// talks afresh.
+    Setup,
+    /// Its steps changed: the trajectories through a changed step talk afresh from it.
     Steps,
     /// First run of it.
     New,
@@ -143,6 +147,9 @@ impl Why {
             Why::Checks => "checks changed",
             Why::Dependency => "dependency changed",
             Why::BackAfterNeeds => "back, talking afresh after what it needs",
+            Why::Setup => {
+                "setup changed (its agent, persona, tools, context, settings or dataset row)"
+            }
             Why::Steps => "steps changed",
             Why::New => "new",
         }
@@ -725,6 +732,7 @@ impl Session {
                     return Why::BackAfterNeeds;
                 }
                 match now.scenario.change_from(&last.scenario) {
+                    Change::Conversation if now.setup != last.setup => Why::Setup,
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.

@@ -402,8 +402,12 @@ async fn included_files_are_followed_when_added_renamed_and_deleted() {
         ),
     );
     let lines = watch.wait_for("watch: rerun 2 done").await;
+    // The agent changed, not a step: said as such.
     assert!(
-        lines.join("\n").contains("(steps changed)"),
+        lines.join("\n").contains(
+            "rerun suite/base (setup changed (its agent, persona, tools, context, settings or \
+             dataset row))"
+        ),
         "{}",
         watch.all()
     );
