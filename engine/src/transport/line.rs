@@ -897,11 +897,12 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
                 return Ok(trim_line_end(line));
             }
             let what = if line.is_empty() {
-                NO_ANSWER.to_owned()
+                format!("{} {NO_ANSWER}", closed(describe))
             } else {
                 format!(
-                    "closed the connection in the middle of its answer line: {} bytes and no \
-                     newline, which are not one whole JSON document",
+                    "{} in the middle of its answer line: {} bytes and no newline, which are \
+                     not one whole JSON document",
+                    closed(describe),
                     line.len()
                 )
             };
@@ -1156,7 +1157,7 @@ fn io_fault(e: &io::Error, describe: &str) -> Fault {
     let what = match e.kind() {
         io::ErrorKind::ConnectionReset => "reset the connection".to_owned(),
         io::ErrorKind::BrokenPipe => NOT_READ.to_owned(),
-        io::ErrorKind::UnexpectedEof => "closed the connection early".to_owned(),
+        io::ErrorKind::UnexpectedEof => format!("{} early", closed(describe)),
         _ => format!("failed: {e}"),
     };
     Fault::new(FaultCategory::Transport, format!("{describe} {what}"))
@@ -1172,8 +1173,18 @@ async fn end_after_failure<T>(open: &mut Option<Connection>, result: &Result<T, 
     }
 }
 
-/// An agent that closed its end with nothing of an answer written.
-const NO_ANSWER: &str = "closed the connection without answering";
+/// An agent that closed its end with nothing of an answer written (after [`closed`]).
+const NO_ANSWER: &str = "without answering";
+
+/// What an agent closed, in its transport's words: a process its stdout (a pipe, not a
+/// connection), a socket agent the connection.
+fn closed(describe: &str) -> &'static str {
+    if describe.starts_with("agent process") {
+        "closed its stdout"
+    } else {
+        "closed the connection"
+    }
+}
 /// An agent whose input was closed when the request was written.
 const NOT_READ: &str = "closed its input before reading the request";
 

@@ -179,7 +179,11 @@ async fn a_crashing_process_is_a_fault_with_its_stderr() {
         ProcessMode::LongLived,
     );
     let message = fault(call(&long_lived, "{}").await, FaultCategory::Transport);
-    assert!(message.contains("without answering"), "{message}");
+    // A pipe, said as one.
+    assert!(
+        message.contains("closed its stdout without answering"),
+        "{message}"
+    );
     assert!(message.contains("exit status: 4"), "{message}");
     assert!(message.contains("dying"), "{message}");
     // The next call starts the agent again.
@@ -678,7 +682,10 @@ async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
     let (address, _) = line_server(|_| None).await;
     let agent = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, false);
     let message = fault(call(&agent, "{}").await, FaultCategory::Transport);
-    assert!(message.contains("without answering"), "{message}");
+    assert!(
+        message.contains("closed the connection without answering"),
+        "{message}"
+    );
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed = listener.local_addr().unwrap().to_string();
