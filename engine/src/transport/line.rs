@@ -237,11 +237,12 @@ struct LiveProcess {
 }
 
 /// How long after a kept process's or connection's answer a line it writes is still taken
-/// as written after that answer, not as the next request's: a request is written no sooner. An agent
-/// that prints a log line right after its answer (`print(answer, flush=True)`, then
-/// `print("handled")`) writes it microseconds later, but on a busy machine the next
-/// request went out first and read it as its own answer, another trajectory's turn. Paid
-/// only by a request that follows its process's previous answer closer than this.
+/// as written after that answer, not as the next request's: a request is written no
+/// sooner. An agent that prints a log line right after its answer (`print(answer,
+/// flush=True)`, then `print("handled")`) writes it microseconds later, but on a busy
+/// machine the next request went out first and read it as its own answer, another
+/// trajectory's turn. Paid only by a request that follows the previous answer closer than
+/// this.
 const SETTLE: Duration = Duration::from_millis(2);
 
 /// Acknowledges what the agent sent at once, instead of with the next request. An agent
