@@ -318,16 +318,23 @@ fn scripted_past_max_turns(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Di
 
 /// `needs` on a `draft` or `archived` scenario: it does not run without
 /// `--include-inactive`, so the scenario that needs it is skipped every time.
-fn needs_of_inactive(project: &Project, suite: &Suite, sc: &Scenario, out: &mut Vec<Diagnostic>) {
+/// `needs` are found through `resolver`, built once for the project: scanning the suites for
+/// each need was quadratic in a project of thousands of chained scenarios.
+fn needs_of_inactive(
+    project: &Project,
+    resolver: &crate::graph::NeedResolver<'_>,
+    suite: usize,
+    sc: &Scenario,
+    out: &mut Vec<Diagnostic>,
+) {
     if sc.status != Status::Active {
         return;
     }
     for need in &sc.needs {
-        let (in_suite, id) = match crate::graph::split_reference(&need.value) {
-            Some((other, id)) => (project.suites.iter().find(|s| s.name == other), id),
-            None => (Some(suite), need.value.as_str()),
-        };
-        let Some(needed) = in_suite.and_then(|s| s.scenarios.iter().find(|n| n.id.value == id))
+        let Some(needed) = resolver
+            .resolve(suite, &need.value)
+            .ok()
+            .and_then(|(si, ci)| project.suites.get(si)?.scenarios.get(ci))
         else {
             continue;
         };
@@ -366,7 +373,18 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
     let mut out = Vec::new();
     // Instances of one `for-each` / `matrix` scenario share its steps: one warning for all.
     let mut warned: HashSet<(Span, &str)> = HashSet::new();
-    for (suite, sc) in project.scenarios() {
+    // Built only when some scenario has needs: a project of 100,000 dataset instances and
+    // none would index them all for nothing.
+    let resolver = project
+        .scenarios()
+        .any(|(_, sc)| !sc.needs.is_empty())
+        .then(|| crate::graph::NeedResolver::of(project));
+    let in_suites = project
+        .suites
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| s.scenarios.iter().map(move |sc| (si, &**sc)));
+    for (suite, sc) in in_suites {
         let first_instance = sc
             .instance
             .as_ref()
@@ -374,7 +392,9 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         if first_instance {
             duplicate_checks(sc, files, &mut out);
             scripted_past_max_turns(sc, files, &mut out);
-            needs_of_inactive(project, suite, sc, &mut out);
+            if let Some(resolver) = &resolver {
+                needs_of_inactive(project, resolver, suite, sc, &mut out);
+            }
         }
         if first_instance && !checks_something(sc) {
             let shown = match &sc.instance {
