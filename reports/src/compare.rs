@@ -15,7 +15,10 @@
 //! test cannot tell from a slower agent; so when at least [`SPREAD_RUNS`] earlier whole runs
 //! of the same suites are known ([`TurnLatencies::earlier_means`]), a latency regression
 //! also needs the head run's mean to exceed the slowest of them by `latency_noise_ms`:
-//! slower than the runs have been, not just slower than the base. The mean judge
+//! slower than the runs have been, not just slower than the base. When either run has more
+//! than one agent, each agent's turns are judged alone by the same rule (a run's median is
+//! mostly its busiest agent's), and every latency verdict says why ([`MetricChange::why`]).
+//! The mean judge
 //! score counts when it drops by more than its points, unless either run's
 //! `calibration.json` marks a judge below the agreement floor (`trellis calibrate`): then
 //! the score is shown with verdict `ungated` and does not fail the comparison, unless
@@ -142,6 +145,10 @@ pub struct MetricChange {
     /// `pass_rate`, `latency_mean_ms`, `latency_p50_ms`, `latency_p95_ms`, `mean_score`,
     /// `total_tokens`.
     pub metric: String,
+    /// The agent whose turns it measures (`latency_mean_ms` of each agent, when the runs
+    /// have more than one); `None` for the whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
     pub base: Option<f64>,
     pub head: Option<f64>,
     pub delta: Option<f64>,
@@ -149,6 +156,11 @@ pub struct MetricChange {
     pub threshold: Option<f64>,
     pub p_value: Option<f64>,
     pub verdict: Verdict,
+    /// What decided the verdict where the figures alone do not say: for the mean latency,
+    /// the change of the mean and the median turn, the rank test, and which part of the rule
+    /// did not hold when it is `noise`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -232,6 +244,11 @@ pub struct TurnLatencies {
     /// The mean turn latency of earlier whole runs of the same suites (the base among
     /// them), the most recent [`SPREAD_WINDOW`] at most: how much identical runs vary here.
     pub earlier_means: Vec<f64>,
+    /// The same of each agent both runs have, when either run has more than one (their
+    /// own `agents` empty). A run's mean and median are mostly its busiest agent's: one
+    /// agent ten times slower that answers a minority of the turns moved the median by a
+    /// few milliseconds and passed the run's gate.
+    pub agents: BTreeMap<String, TurnLatencies>,
 }
 
 /// Earlier runs of the same suites needed before their spread is taken as the noise.
@@ -336,8 +353,17 @@ pub fn compare(
     );
     for m in &metrics {
         if m.verdict == Verdict::Regressed {
+            let whose = match &m.agent {
+                Some(agent) => format!("agent {agent}"),
+                None => "run".to_owned(),
+            };
+            let why = m
+                .why
+                .as_ref()
+                .map(|w| format!(" ({w})"))
+                .unwrap_or_default();
             regressions.push(format!(
-                "run {}: {} → {}",
+                "{whose} {}: {} → {}{why}",
                 m.metric,
                 show(m.base),
                 show(m.head)
@@ -899,20 +925,43 @@ fn run_metrics(
         threshold: Some(t.max_pass_rate_drop / 100.0),
         p_value: rate.p_value,
         verdict: rate.verdict,
+        agent: None,
+        why: None,
     }];
 
     let (b, h) = (&base.aggregates.latency, &head.aggregates.latency);
-    let (latency_verdict, latency_p) = judge_latency(b, h, latencies, t);
+    let judged = judge_latency(b, h, latencies, t);
     metrics.push(MetricChange {
-        p_value: latency_p,
+        p_value: judged.p_value,
+        why: judged.why,
         ..metric(
             "latency_mean_ms",
             b.mean_ms,
             h.mean_ms,
             Some(t.max_latency_increase_pct),
-            latency_verdict,
+            judged.verdict,
         )
     });
+    // Each agent's turns judged alone, by the same rule, right after the run's.
+    for (agent, samples) in latencies.map(|l| &l.agents).into_iter().flatten() {
+        let (b, h) = (
+            crate::stats::Latency::of(samples.base.clone()),
+            crate::stats::Latency::of(samples.head.clone()),
+        );
+        let judged = judge_latency(&b, &h, Some(samples), t);
+        metrics.push(MetricChange {
+            agent: Some(agent.clone()),
+            p_value: judged.p_value,
+            why: judged.why,
+            ..metric(
+                "latency_mean_ms",
+                b.mean_ms,
+                h.mean_ms,
+                Some(t.max_latency_increase_pct),
+                judged.verdict,
+            )
+        });
+    }
     for (name, b, h) in [
         ("latency_p50_ms", b.p50_ms, h.p50_ms),
         ("latency_p95_ms", b.p95_ms, h.p95_ms),
@@ -953,22 +1002,45 @@ fn run_metrics(
     metrics
 }
 
-/// The verdict on the mean turn latency, and the p-value of the rank test when it ran: see
-/// the module documentation.
+/// The verdict on a mean turn latency, the p-value of the rank test when it ran, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyJudgement {
+    pub verdict: Verdict,
+    pub p_value: Option<f64>,
+    pub why: Option<String>,
+}
+
+/// The verdict on the mean turn latency: see the module documentation.
 pub fn judge_latency(
     base: &crate::stats::Latency,
     head: &crate::stats::Latency,
     latencies: Option<&TurnLatencies>,
     t: &Thresholds,
-) -> (Verdict, Option<f64>) {
+) -> LatencyJudgement {
+    let judged = |verdict, p_value, why: Option<String>| LatencyJudgement {
+        verdict,
+        p_value,
+        why,
+    };
     let (Some(base_mean), Some(head_mean)) = (base.mean_ms, head.mean_ms) else {
-        return (Verdict::NotComparable, None);
+        return judged(Verdict::NotComparable, None, None);
     };
-    // A change past both the percentage of `from` and the noise floor.
-    let past = |from: f64, change: f64| {
-        change > from * t.max_latency_increase_pct / 100.0 && change > t.latency_noise_ms
-    };
+    // How far a change must go: past the percentage of `from` and the noise floor.
+    let bar = |from: f64| (from * t.max_latency_increase_pct / 100.0).max(t.latency_noise_ms);
+    let past = |from: f64, change: f64| change > bar(from);
     let mean_change = head_mean - base_mean;
+    let percent = |from: f64, change: f64| {
+        if from.abs() > f64::EPSILON {
+            format!(" ({:+.0}%)", change / from * 100.0)
+        } else {
+            String::new()
+        }
+    };
+    let mean_said = format!(
+        "mean {:+.0} ms{}",
+        mean_change,
+        percent(base_mean, mean_change)
+    );
     // Too few turns for the test ever to reach alpha (its smallest p-value is one over the
     // number of ways to rank them): the thresholds decide alone, as for one pass against
     // one failure.
@@ -977,14 +1049,18 @@ pub fn judge_latency(
         n > 0 && m > 0 && 1.0 / statrs::function::factorial::binomial(n + m, n) < t.alpha
     });
     let Some(samples) = samples else {
-        let verdict = if past(base_mean, mean_change) {
-            Verdict::Regressed
+        let untested = "too few turns to test, judged on the thresholds alone";
+        return if past(base_mean, mean_change) {
+            judged(
+                Verdict::Regressed,
+                None,
+                Some(format!("{mean_said}; {untested}")),
+            )
         } else if past(base_mean, -mean_change) {
-            Verdict::Improved
+            judged(Verdict::Improved, None, None)
         } else {
-            Verdict::Unchanged
+            judged(Verdict::Unchanged, None, None)
         };
-        return (verdict, None);
     };
     let median_change = match (base.p50_ms, head.p50_ms) {
         (Some(b), Some(h)) => Some((b, h - b)),
@@ -994,21 +1070,68 @@ pub fn judge_latency(
         let typical_slower = median_change.is_some_and(|(b, d)| past(b, d));
         // Head's turns slower than base's.
         let p = rank_test_greater(&samples.head, &samples.base);
-        match p {
-            Some(p) if p < t.alpha && typical_slower && !within_spread(head_mean, samples, t) => {
-                (Verdict::Regressed, Some(p))
+        let spread = within_spread(head_mean, samples, t);
+        // What held, then what did not: the noise verdict names the part of the rule that
+        // failed ("noise" alone read as if the agent were as fast).
+        let mut held = vec![mean_said];
+        let mut failed = Vec::new();
+        if let Some((b, d)) = median_change {
+            if typical_slower {
+                held.push(format!("median turn {d:+.0} ms"));
+            } else {
+                failed.push(format!(
+                    "the median turn moved {d:+.0} ms, not past {:.0} ms (some turns slower, \
+                     not the typical one)",
+                    bar(b)
+                ));
             }
-            _ => (Verdict::Noise, p),
         }
+        match p {
+            Some(p) if p < t.alpha => held.push(format!("rank test {}", p_said(p))),
+            Some(p) => failed.push(format!(
+                "the rank test cannot tell the turns apart ({}, not below {})",
+                p_said(p),
+                t.alpha
+            )),
+            None => failed.push("the rank test could not be computed".to_owned()),
+        }
+        if let Some(slowest) = spread {
+            failed.push(format!(
+                "no slower than the slowest of {} earlier runs ({slowest:.0} ms) by more than \
+                 {:.0} ms (a busier machine looks the same)",
+                samples.earlier_means.len(),
+                t.latency_noise_ms
+            ));
+        }
+        let why = if failed.is_empty() {
+            held.join(", ")
+        } else {
+            format!("{}; but {}", held.join(", "), failed.join("; "))
+        };
+        let verdict = if failed.is_empty() {
+            Verdict::Regressed
+        } else {
+            Verdict::Noise
+        };
+        judged(verdict, p, Some(why))
     } else if past(base_mean, -mean_change) {
         let typical_faster = median_change.is_some_and(|(b, d)| past(b, -d));
         let p = rank_test_greater(&samples.base, &samples.head);
         match p {
-            Some(p) if p < t.alpha && typical_faster => (Verdict::Improved, Some(p)),
-            _ => (Verdict::Unchanged, p),
+            Some(p) if p < t.alpha && typical_faster => judged(Verdict::Improved, Some(p), None),
+            _ => judged(Verdict::Unchanged, p, None),
         }
     } else {
-        (Verdict::Unchanged, None)
+        judged(Verdict::Unchanged, None, None)
+    }
+}
+
+/// `p = 0.018`, or `p < 0.001`.
+fn p_said(p: f64) -> String {
+    if p < 0.001 {
+        "p < 0.001".to_owned()
+    } else {
+        format!("p = {p:.3}")
     }
 }
 
@@ -1075,18 +1198,18 @@ fn u_counts(m: usize, n: usize) -> Vec<f64> {
     row.swap_remove(n)
 }
 
-/// The head run's mean is no slower than earlier runs of the same suites have been (by
-/// more than the noise floor), when enough of them are known to say.
-fn within_spread(head_mean: f64, latencies: &TurnLatencies, t: &Thresholds) -> bool {
+/// The slowest earlier run's mean, when the head run's mean is no slower than it by more
+/// than the noise floor and enough earlier runs of the same suites are known to say.
+fn within_spread(head_mean: f64, latencies: &TurnLatencies, t: &Thresholds) -> Option<f64> {
     if latencies.earlier_means.len() < SPREAD_RUNS {
-        return false;
+        return None;
     }
     let slowest = latencies
         .earlier_means
         .iter()
         .copied()
         .fold(f64::NEG_INFINITY, f64::max);
-    head_mean <= slowest + t.latency_noise_ms
+    (head_mean <= slowest + t.latency_noise_ms).then_some(slowest)
 }
 
 fn metric(
@@ -1098,12 +1221,14 @@ fn metric(
 ) -> MetricChange {
     MetricChange {
         metric: name.to_owned(),
+        agent: None,
         base,
         head,
         delta: base.zip(head).map(|(b, h)| h - b),
         threshold,
         p_value: None,
         verdict,
+        why: None,
     }
 }
 
@@ -1167,6 +1292,8 @@ impl From<&Comparison> for crate::ComparePage {
                 .iter()
                 .map(|m| crate::CompareMetric {
                     metric: m.metric.clone(),
+                    agent: m.agent.clone(),
+                    why: m.why.clone(),
                     base: m.base,
                     head: m.head,
                     delta: m.delta,
@@ -1591,13 +1718,15 @@ mod tests {
             base: base.to_vec(),
             head: head.to_vec(),
             earlier_means: earlier_means.to_vec(),
+            agents: BTreeMap::new(),
         };
-        judge_latency(
+        let judged = judge_latency(
             &latency_of(base),
             &latency_of(head),
             Some(&samples),
             &Thresholds::default(),
-        )
+        );
+        (judged.verdict, judged.p_value)
     }
 
     #[test]
@@ -1617,7 +1746,7 @@ mod tests {
             None,
             &Thresholds::default(),
         );
-        assert_eq!(mean_only.0, Verdict::Regressed);
+        assert_eq!(mean_only.verdict, Verdict::Regressed);
     }
 
     #[test]

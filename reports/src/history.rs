@@ -1030,22 +1030,26 @@ fn meta_of(run: &RunEntry) -> RunMeta {
 }
 
 /// Every agent turn's latency in milliseconds, replayed prefix turns left out (as in the
-/// run's statistics): what `compare` ranks to tell a slower agent from noise. Read from
-/// `turns.parquet`, else from the journal; `None` when neither can be read.
-pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+/// run's statistics), by agent: what `compare` ranks to tell a slower agent from noise, for
+/// the whole run and for each agent. Read from `turns.parquet`, else from the journal;
+/// `None` when neither can be read.
+pub fn turn_latencies(dir: &Path) -> Option<AgentLatencies> {
     latencies_of(dir, false)
 }
 
 /// [`turn_latencies`] of the turns the agent answered: a faulted turn's latency is its fault
 /// (a hung agent's is its timeout), which says nothing of how fast the agent answers or how
 /// busy the machine was. What an earlier run's spread is taken from.
-pub fn answered_turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+pub fn answered_turn_latencies(dir: &Path) -> Option<AgentLatencies> {
     latencies_of(dir, true)
 }
 
-fn latencies_of(dir: &Path, answered_only: bool) -> Option<Vec<f64>> {
-    let from_table = || -> PolarsResult<Vec<f64>> {
-        let mut names = vec!["latency_ms", "replay"];
+/// Turn latencies (ms) by agent name, each agent's in the order its turns were recorded.
+pub type AgentLatencies = std::collections::BTreeMap<String, Vec<f64>>;
+
+fn latencies_of(dir: &Path, answered_only: bool) -> Option<AgentLatencies> {
+    let from_table = || -> PolarsResult<AgentLatencies> {
+        let mut names = vec!["agent", "latency_ms", "replay"];
         if answered_only {
             names.push("fault_category");
         }
@@ -1059,38 +1063,46 @@ fn latencies_of(dir: &Path, answered_only: bool) -> Option<Vec<f64>> {
         } else {
             Vec::new()
         };
-        Ok(columns
-            .floats("latency_ms")?
+        let mut by_agent = AgentLatencies::new();
+        for (i, ((agent, ms), replay)) in columns
+            .strings("agent")?
             .into_iter()
+            .zip(columns.floats("latency_ms")?)
             .zip(columns.bools("replay")?)
             .enumerate()
-            .filter(|(i, (_, replay))| {
-                *replay != Some(true) && !faulted.get(*i).copied().unwrap_or(false)
-            })
-            .filter_map(|(_, (ms, _))| ms)
-            .filter(|ms| ms.is_finite())
-            .collect())
+        {
+            if replay == Some(true) || faulted.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            if let Some(ms) = ms.filter(|ms| ms.is_finite()) {
+                by_agent
+                    .entry(agent.unwrap_or_default())
+                    .or_default()
+                    .push(ms);
+            }
+        }
+        Ok(by_agent)
     };
     if let Ok(latencies) = from_table() {
         return Some(latencies);
     }
     let mut journal = crate::journal::JournalReader::open(&trellis_journal::path_in(dir)).ok()?;
-    let mut latencies = Vec::new();
+    let mut by_agent = AgentLatencies::new();
     while let Some(entry) = journal.next_entry().ok()? {
         if let trellis_records::JournalEntry::Node(node) = entry {
-            latencies.extend(
-                node.turns
-                    .iter()
-                    .filter(|t| {
-                        !t.replay
-                            && t.latency_ms.is_finite()
-                            && !(answered_only && t.fault.is_some())
-                    })
-                    .map(|t| t.latency_ms),
-            );
+            let turns = node.turns.iter().filter(|t| {
+                !t.replay && t.latency_ms.is_finite() && !(answered_only && t.fault.is_some())
+            });
+            let mut turns = turns.map(|t| t.latency_ms).peekable();
+            if turns.peek().is_some() {
+                by_agent
+                    .entry(node.agent.clone())
+                    .or_default()
+                    .extend(turns);
+            }
         }
     }
-    Some(latencies)
+    Some(by_agent)
 }
 
 /// Microseconds of agent turns by (suite, scenario id): [`scenario_costs`].

@@ -197,7 +197,7 @@ impl Latency {
     /// rather than a sort: at the end of a run this is done for all of its turns and again
     /// for each scenario's, one after the tables, and sorting 20,000 turns twice was 2 ms of
     /// the run's end (docs/performance.md, "What was slow, and why it is not any more").
-    fn of(mut values: Vec<f64>) -> Self {
+    pub fn of(mut values: Vec<f64>) -> Self {
         values.retain(|v| v.is_finite());
         let turns = values.len() as u64;
         // Summed before the selections reorder them: the same mean for the same turns.

@@ -2,6 +2,7 @@
 //! --baseline` prints: the console side of `trellis_reports::history` and
 //! `trellis_reports::compare`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
@@ -392,8 +393,7 @@ fn compare_agents_command(args: &CompareArgs, agents: &[String]) -> u8 {
                 return EXIT_INVALID;
             }
         },
-        // Per-turn latencies are read per run, not per agent: the means are compared.
-        None,
+        agent_turn_latencies(&run.dir, base_agent, head_agent).as_ref(),
     );
     if let Some(path) = &args.html
         && let Err(e) =
@@ -495,10 +495,47 @@ pub fn compare_runs(
 /// mean alone), with the mean latencies of the whole runs of the same suites that started
 /// before the head run in the same runs directory.
 pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies> {
+    let base_turns = history::turn_latencies(base)?;
+    let head_turns = history::turn_latencies(head)?;
+    let (earlier_means, mut earlier_by_agent) = earlier_latency_means(base, head);
+    let all = |by_agent: &history::AgentLatencies| by_agent.values().flatten().copied().collect();
+    let agents = if base_turns.len() > 1 || head_turns.len() > 1 {
+        base_turns
+            .iter()
+            .filter_map(|(agent, base)| {
+                let head = head_turns.get(agent)?;
+                Some((
+                    agent.clone(),
+                    compare::TurnLatencies {
+                        base: base.clone(),
+                        head: head.clone(),
+                        earlier_means: earlier_by_agent.remove(agent).unwrap_or_default(),
+                        agents: BTreeMap::new(),
+                    },
+                ))
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
     Some(compare::TurnLatencies {
-        base: history::turn_latencies(base)?,
-        head: history::turn_latencies(head)?,
-        earlier_means: earlier_latency_means(base, head),
+        base: all(&base_turns),
+        head: all(&head_turns),
+        earlier_means,
+        agents,
+    })
+}
+
+/// Two agents' per-turn latencies in one run, for `compare --agents`: each agent's turns
+/// ranked against the other's, as two runs' are. No earlier runs: they are runs of both
+/// agents, whose spread says nothing of one against the other.
+fn agent_turn_latencies(dir: &Path, base: &str, head: &str) -> Option<compare::TurnLatencies> {
+    let mut turns = history::turn_latencies(dir)?;
+    Some(compare::TurnLatencies {
+        base: turns.remove(base)?,
+        head: turns.remove(head)?,
+        earlier_means: Vec::new(),
+        agents: BTreeMap::new(),
     })
 }
 
@@ -508,10 +545,11 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
 /// they passed a `--baseline` comparison on latency themselves. A run after the base that
 /// was never gated, or failed its gate on latency, may be the slower agent under test, not
 /// a busier machine: counting it would let every later run as slow pass. A run's mean is that
-/// of the turns its agent answered.
-fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
+/// of the turns its agent answered. Also each agent's mean in the same runs.
+fn earlier_latency_means(base: &Path, head: &Path) -> (Vec<f64>, BTreeMap<String, Vec<f64>>) {
+    let none = || (Vec::new(), BTreeMap::new());
     let Ok(head_entry) = history::read_run(head) else {
-        return Vec::new();
+        return none();
     };
     let base_started = history::read_run(base).ok().and_then(|b| b.started_at);
     let fingerprint = head_entry
@@ -521,10 +559,10 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
     let (Some(fingerprint), Some(started), Some(runs_dir)) =
         (fingerprint, head_entry.started_at.clone(), head.parent())
     else {
-        return Vec::new();
+        return none();
     };
     let Ok(mut runs) = history::list_runs(runs_dir) else {
-        return Vec::new();
+        return none();
     };
     runs.retain(|r| {
         r.finished
@@ -537,7 +575,11 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
                 .is_some_and(|m| m.suite_fingerprint == fingerprint)
     });
     runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
-    runs.iter()
+    let mut means = Vec::new();
+    let mut by_agent: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mean = |turns: &[f64]| turns.iter().sum::<f64>() / turns.len() as f64;
+    for answered in runs
+        .iter()
         .filter(|r| {
             let before_base = match (&r.started_at, &base_started) {
                 (Some(run), Some(base)) => run <= base,
@@ -550,28 +592,43 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
                 Some(_) => true,
             }
         })
-        .filter_map(|r| {
-            // The turns the agent answered: a faulted turn's latency is its fault (a hung
-            // agent's turns are its timeouts), not how busy the machine was; counted, a run
-            // of timeouts would excuse any slower agent after it for the next runs.
-            let answered = history::answered_turn_latencies(&r.dir)?;
-            (!answered.is_empty()).then(|| answered.iter().sum::<f64>() / answered.len() as f64)
-        })
+        // The turns the agent answered: a faulted turn's latency is its fault (a hung
+        // agent's turns are its timeouts), not how busy the machine was; counted, a run of
+        // timeouts would excuse any slower agent after it for the next runs.
+        .filter_map(|r| history::answered_turn_latencies(&r.dir))
+        .filter(|answered| answered.values().any(|turns| !turns.is_empty()))
         .take(compare::SPREAD_WINDOW)
-        .collect()
+    {
+        let all: Vec<f64> = answered.values().flatten().copied().collect();
+        means.push(mean(&all));
+        for (agent, turns) in answered.into_iter().filter(|(_, t)| !t.is_empty()) {
+            by_agent.entry(agent).or_default().push(mean(&turns));
+        }
+    }
+    (means, by_agent)
 }
 
 /// The verdict on the mean latency of the comparison recorded in `dir` (`compare.json`,
-/// written by `run --baseline`), if one is.
+/// written by `run --baseline`), if one is: `regressed` when the run's or any agent's
+/// regressed, else the run's.
 fn latency_verdict(dir: &Path) -> Option<String> {
     let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
     let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    comparison["metrics"]
+    let latency = comparison["metrics"]
         .as_array()?
         .iter()
-        .find(|m| m["metric"] == "latency_mean_ms")?["verdict"]
-        .as_str()
-        .map(str::to_owned)
+        .filter(|m| m["metric"] == "latency_mean_ms");
+    let mut run = None;
+    for m in latency {
+        let verdict = m["verdict"].as_str();
+        if verdict == Some("regressed") {
+            return Some("regressed".to_owned());
+        }
+        if m.get("agent").is_none_or(serde_json::Value::is_null) {
+            run = verdict.map(str::to_owned);
+        }
+    }
+    run
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.
@@ -639,7 +696,10 @@ pub fn print_comparison(c: &Comparison) {
             },
         };
         metrics.add_row(vec![
-            Cell::new(&m.metric),
+            Cell::new(match &m.agent {
+                Some(agent) => format!("{} [{agent}]", m.metric),
+                None => m.metric.clone(),
+            }),
             Cell::new(shown(m.base)),
             Cell::new(shown(m.head)),
             Cell::new(change),
@@ -647,6 +707,21 @@ pub fn print_comparison(c: &Comparison) {
         ]);
     }
     outln!("{metrics}");
+    // Why a latency rise is noise (or regressed) is not in the figures.
+    for m in c
+        .metrics
+        .iter()
+        .filter(|m| matches!(m.verdict, Verdict::Noise | Verdict::Regressed))
+    {
+        if let Some(why) = &m.why {
+            let whose = m
+                .agent
+                .as_ref()
+                .map(|a| format!(" [{a}]"))
+                .unwrap_or_default();
+            outln!("{}{whose} {}: {why}", m.metric, m.verdict.as_str());
+        }
+    }
 
     let changed = |v: Verdict| !matches!(v, Verdict::Unchanged | Verdict::NotComparable);
     let scenarios: Vec<_> = c

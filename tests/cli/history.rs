@@ -24,6 +24,8 @@ pub(super) struct Sample {
     /// With `error`: the agent answered, and a check's evaluator failed (a judge), not the
     /// turn.
     answered: bool,
+    /// The agent it ran against (`a` unless said).
+    agent: &'static str,
 }
 
 pub(super) fn sample(
@@ -39,6 +41,7 @@ pub(super) fn sample(
         latency_ms,
         error: false,
         answered: false,
+        agent: "a",
     }
 }
 
@@ -62,7 +65,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         entries.push(JournalEntry::Node(NodeRecord {
             suite: "s".into(),
             scenario: "c".into(),
-            agent: "a".into(),
+            agent: s.agent.into(),
             repetition: s.repetition,
             node: s.branch.into(),
             parent: None,
@@ -96,7 +99,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: s.branch.into(),
-            agent: "a".into(),
+            agent: s.agent.into(),
             protocol: "connexity".into(),
             repetition: s.repetition,
             nodes: vec![s.branch.into()],
@@ -1323,6 +1326,86 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
         .unwrap();
     assert_eq!(latency["verdict"], "regressed", "{latency}");
     assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
+}
+
+/// One agent of two became ten times slower. It answers a third of the turns, so the run's
+/// median turn hardly moved and the run's latency is `noise`; judged alone, the agent's
+/// turns regressed, and the gate fails saying which agent and why.
+#[tokio::test]
+async fn one_agent_ten_times_slower_fails_the_gate_though_the_run_median_holds() {
+    let runs = tempfile::tempdir().unwrap();
+    let samples = |demo_ms: f64| -> Vec<Sample> {
+        let mut all: Vec<Sample> = (0..60)
+            .map(|i| sample("main", i, true, 20.0 + f64::from(i % 5)))
+            .collect();
+        all.extend((0..30).map(|i| Sample {
+            agent: "demo",
+            ..sample("main", i, true, demo_ms + f64::from(i % 5))
+        }));
+        all
+    };
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &samples(30.0));
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &samples(330.0));
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let latency: Vec<&serde_json::Value> = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["metric"] == "latency_mean_ms")
+        .collect();
+    assert_eq!(latency.len(), 3, "{latency:?}");
+    let run = latency[0];
+    assert!(run.get("agent").is_none(), "{run}");
+    assert_eq!(run["verdict"], "noise", "{run}");
+    assert!(
+        run["why"].as_str().unwrap().contains("median turn moved"),
+        "{run}"
+    );
+    let of = |agent: &str| {
+        latency
+            .iter()
+            .find(|m| m["agent"] == agent)
+            .unwrap_or_else(|| panic!("no latency of {agent}: {latency:?}"))
+    };
+    assert_eq!(of("demo")["verdict"], "regressed", "{}", of("demo"));
+    assert_eq!(of("a")["verdict"], "unchanged", "{}", of("a"));
+    let regressions = c["regressions"].to_string();
+    assert!(
+        regressions.contains("agent demo latency_mean_ms: 32.000 → 332.000 (mean +300 ms"),
+        "{regressions}"
+    );
+
+    // The console says it too, and why the run's own latency is noise.
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(text.contains("latency_mean_ms [demo]"), "{text}");
+    assert!(text.contains("latency_mean_ms noise: mean"), "{text}");
+    assert!(text.contains("- agent demo latency_mean_ms"), "{text}");
+
+    // Only one agent: no row of its own (the run's is the agent's).
+    write_run(
+        runs.path(),
+        "one",
+        "2026-01-03T00:00:00Z",
+        &samples(30.0)[..60],
+    );
+    write_run(
+        runs.path(),
+        "one-again",
+        "2026-01-04T00:00:00Z",
+        &samples(30.0)[..60],
+    );
+    let o = compare(runs.path(), &["one", "one-again", "--json"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let metrics = c["metrics"].as_array().unwrap();
+    assert!(
+        metrics.iter().all(|m| m.get("agent").is_none()),
+        "{metrics:?}"
+    );
 }
 
 /// 40 turns of about `ms` milliseconds each (`ms` to `ms + 6`).

@@ -48,6 +48,10 @@ pub struct CompareRun {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CompareMetric {
     pub metric: String,
+    /// The agent it is of, `None` for the whole run.
+    pub agent: Option<String>,
+    /// What decided the verdict, where the figures alone do not say.
+    pub why: Option<String>,
     pub base: Option<f64>,
     pub head: Option<f64>,
     pub delta: Option<f64>,
@@ -280,7 +284,13 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
     });
     RowView {
         anchor: format!("m{index}"),
-        what: m.metric.trim_end_matches("_ms").replace('_', " "),
+        what: match &m.agent {
+            Some(agent) => format!(
+                "{} of agent {agent}",
+                m.metric.trim_end_matches("_ms").replace('_', " ")
+            ),
+            None => m.metric.trim_end_matches("_ms").replace('_', " "),
+        },
         // Thresholds are in the gate's own terms: a percentage of the base's mean for
         // latency, points for the pass rate.
         context: m
@@ -305,7 +315,7 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
             verdict_class: verdict_class(&m.verdict),
             changed: is_change(&m.verdict),
         },
-        head_failure: None,
+        head_failure: m.why.clone(),
     }
 }
 

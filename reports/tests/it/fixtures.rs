@@ -410,6 +410,8 @@ pub fn compare_page(why: &str) -> trellis_reports::ComparePage {
                 threshold: Some(0.0),
                 p_value: None,
                 verdict: "regressed".into(),
+                agent: None,
+                why: None,
             },
             CompareMetric {
                 metric: "latency_mean_ms".into(),
@@ -419,6 +421,8 @@ pub fn compare_page(why: &str) -> trellis_reports::ComparePage {
                 threshold: Some(20.0),
                 p_value: None,
                 verdict: "unchanged".into(),
+                agent: None,
+                why: None,
             },
         ],
         scenarios: vec![CompareRow {
