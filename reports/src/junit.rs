@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::hash::BuildHasher;
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead as _, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use trellis_records::{CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
@@ -256,12 +256,11 @@ impl JunitBuilder {
         xml.push_str("]\" classname=\"");
         xml.push_str(&escape(&t.suite));
         xml.push('.');
-        xml.push_str(&escape(&t.scenario));
-        let _ = write!(
-            xml,
-            "\" time=\"{seconds:.3}\" assertions=\"{}\"",
-            t.criteria.len()
-        );
+        // Jenkins splits a classname at its last dot into package and class: a dot in the
+        // scenario's id would split the scenario instead of the suite from it.
+        xml.push_str(&escape(&t.scenario).replace('.', "_"));
+        // No `assertions`: Surefire's schema (junit-10) has no such attribute.
+        let _ = write!(xml, "\" time=\"{seconds:.3}\"");
         match t.status {
             // Passed on the checks that ran: those that did not (no judge configured, say)
             // are said in its output, which CI shows with the case, rather than not at all.
@@ -458,11 +457,17 @@ impl JunitBuilder {
             _ => suites.iter().map(|s| s.counts.seconds).sum(),
         };
         writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>").map_err(io_err)?;
+        // No `skipped` on `<testsuites>`: Jenkins' schema (junit-4) allows it only on a
+        // `<testsuite>`.
         writeln!(
             out,
-            "<testsuites name=\"{}\" {}>",
+            "<testsuites name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" \
+             time=\"{:.3}\">",
             escape(&format!("trellis {}", self.run_id)),
-            attributes(&total)
+            total.tests,
+            total.failures,
+            total.errors,
+            total.seconds
         )
         .map_err(io_err)?;
         for suite in suites {
@@ -490,6 +495,163 @@ impl JunitBuilder {
         drop(out);
         staged.publish().map(drop)
     }
+}
+
+/// The suite `trellis run --baseline` adds to `junit.xml`, last: one case, `no regression
+/// against the baseline`, failing with the comparison's regressions.
+pub(crate) const GATE_SUITE: &str = "trellis gate";
+
+/// Regressions listed in the gate's failure at most; the rest are counted.
+const GATE_LISTED: usize = 200;
+
+/// The end of every `junit.xml` this module writes.
+const CLOSING: &[u8] = b"</testsuites>\n";
+
+/// Adds the gate's verdict to the `junit.xml` at `path` as a suite of its own, the last,
+/// replacing one an earlier comparison added: a CI that reads only JUnit sees a regression
+/// the run's own cases do not show (a latency rise, a scenario not run). The totals of
+/// `<testsuites>` are updated. The file is copied through, not read whole.
+pub(crate) fn add_gate(
+    path: &Path,
+    baseline: &str,
+    regressions: &[String],
+) -> Result<(), ReportError> {
+    let io_err = |e| ReportError::io("write", path, e);
+    let mut file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| ReportError::io("read", path, e))?
+        .len();
+    let mut head = io::BufReader::new(&mut file);
+    let (mut declaration, mut suites_line) = (String::new(), String::new());
+    head.read_line(&mut declaration).map_err(io_err)?;
+    head.read_line(&mut suites_line).map_err(io_err)?;
+    let header_len = (declaration.len() + suites_line.len()) as u64;
+    let not_ours = || {
+        ReportError::io(
+            "read",
+            path,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a junit.xml written by trellis",
+            ),
+        )
+    };
+    let count = |name: &str| -> Option<u64> {
+        let at = suites_line.find(&format!(" {name}=\""))? + name.len() + 3;
+        let rest = &suites_line[at..];
+        rest[..rest.find('"')?].parse().ok()
+    };
+    let (Some(mut tests), Some(mut failures), Some(errors)) =
+        (count("tests"), count("failures"), count("errors"))
+    else {
+        return Err(not_ours());
+    };
+    // Where the cases end: before an earlier gate's suite (the last), else before the
+    // closing tag. An earlier gate is found in the file's tail, which holds it whole (its
+    // failure lists at most `GATE_LISTED` lines).
+    let tail_len = size.saturating_sub(header_len).min(4 << 20);
+    file.seek(SeekFrom::Start(size - tail_len))
+        .map_err(io_err)?;
+    let mut tail = Vec::with_capacity(tail_len as usize);
+    (&mut file)
+        .take(tail_len)
+        .read_to_end(&mut tail)
+        .map_err(io_err)?;
+    if !tail.ends_with(CLOSING) {
+        return Err(not_ours());
+    }
+    let marker = format!("  <testsuite name=\"{GATE_SUITE}\" ");
+    let mut cases_end = size - CLOSING.len() as u64;
+    if let Some(at) = tail
+        .windows(marker.len())
+        .rposition(|w| w == marker.as_bytes())
+    {
+        let earlier = String::from_utf8_lossy(&tail[at..]);
+        tests = tests.saturating_sub(1);
+        if earlier.contains(" failures=\"1\"") {
+            failures = failures.saturating_sub(1);
+        }
+        cases_end = size - tail_len + at as u64;
+    }
+    let regressed = !regressions.is_empty();
+    tests += 1;
+    failures += u64::from(regressed);
+    let time = suites_line
+        .find(" time=\"")
+        .map(|at| &suites_line[at + 7..])
+        .and_then(|rest| rest.find('"').map(|end| &rest[..end]))
+        .unwrap_or("0.000")
+        .to_owned();
+    let name_end = suites_line.find(" tests=\"").ok_or_else(not_ours)?;
+
+    let (staged, staged_file) = Staged::create(path)?;
+    let mut out = BufWriter::new(staged_file);
+    out.write_all(declaration.as_bytes()).map_err(io_err)?;
+    writeln!(
+        out,
+        "{} tests=\"{tests}\" failures=\"{failures}\" errors=\"{errors}\" time=\"{time}\">",
+        &suites_line[..name_end]
+    )
+    .map_err(io_err)?;
+    file.seek(SeekFrom::Start(header_len)).map_err(io_err)?;
+    io::copy(&mut (&mut file).take(cases_end - header_len), &mut out).map_err(io_err)?;
+    // Named alike in every run, for CIs that track a case across builds; the baseline is
+    // said in its output.
+    write!(
+        out,
+        "{marker}tests=\"1\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"0.000\">\n    \
+         <testcase name=\"no regression against the baseline\" classname=\"trellis\" \
+         time=\"0.000\">\n",
+        u64::from(regressed),
+    )
+    .map_err(io_err)?;
+    if regressed {
+        let mut body = String::new();
+        for r in regressions.iter().take(GATE_LISTED) {
+            let _ = writeln!(body, "- {r}");
+        }
+        if regressions.len() > GATE_LISTED {
+            let _ = writeln!(
+                body,
+                "and {} more (compare.json has them all)",
+                regressions.len() - GATE_LISTED
+            );
+        }
+        let first = regressions.first().map(String::as_str).unwrap_or_default();
+        let message = if regressions.len() == 1 {
+            format!("regressed against {baseline}: {first}")
+        } else {
+            format!(
+                "{} regressions against {baseline}, the first: {first}",
+                regressions.len()
+            )
+        };
+        writeln!(
+            out,
+            "      <failure type=\"regression\" message=\"{}\">{}</failure>",
+            escape(&message),
+            escape(&body)
+        )
+        .map_err(io_err)?;
+    }
+    writeln!(
+        out,
+        "      <system-out>{}</system-out>\n    </testcase>\n  </testsuite>",
+        escape(&format!(
+            "compared with the baseline {baseline}: {}",
+            if regressed {
+                "regressed (compare.json, compare.html)"
+            } else {
+                "no regression past the thresholds"
+            }
+        ))
+    )
+    .map_err(io_err)?;
+    out.write_all(CLOSING).map_err(io_err)?;
+    out.flush().map_err(io_err)?;
+    drop(out);
+    staged.publish().map(drop)
 }
 
 impl SuitePart {

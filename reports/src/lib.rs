@@ -239,6 +239,19 @@ pub fn write_reports_to(
     drop(journal);
     let mut files = writer.finish();
     files.not_written.extend(meta_not_written);
+    // The gate's verdict `run --baseline` added to the run's `junit.xml`, added again to the
+    // rebuilt one (`trellis report`, or a finished run resumed with --baseline).
+    if !files.not_written.iter().any(|(p, _)| *p == files.junit)
+        && let Some(baseline) = history::RunMeta::read(run_dir)
+            .ok()
+            .flatten()
+            .and_then(|m| m.compared_with)
+        && let Ok(text) = std::fs::read(run_dir.join(COMPARE_FILE))
+        && let Ok(comparison) = serde_json::from_slice::<compare::Comparison>(&text)
+        && let Err(e) = add_gate_to_junit(out_dir, &baseline, &comparison)
+    {
+        files.not_written.push((files.junit.clone(), e));
+    }
     Ok(files)
 }
 
@@ -720,6 +733,18 @@ pub fn to_json_string(value: &impl serde::Serialize) -> serde_json::Result<Strin
 
 /// Writes `value` as JSON (laid out by [`json::RowsFormatter`]) to `path.partial` and moves
 /// it into place (`summary.json`, `compare.json`).
+/// Adds the verdict of `run --baseline`'s comparison to the run's `junit.xml` as a suite
+/// of its own, `trellis gate`, with one case that fails listing the regressions (replacing
+/// one an earlier comparison of the run added). Failures the baseline shares stay
+/// `<failure>`s: the file says what failed, the gate case whether the run regressed.
+pub fn add_gate_to_junit(
+    run_dir: &Path,
+    baseline: &str,
+    comparison: &compare::Comparison,
+) -> Result<(), ReportError> {
+    junit::add_gate(&run_dir.join(JUNIT_FILE), baseline, &comparison.regressions)
+}
+
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {
     write_json_unpublished(path, value)?.publish().map(drop)
 }

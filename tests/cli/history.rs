@@ -744,6 +744,106 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     assert!(!runs.path().join("never").exists());
 }
 
+/// Under `--baseline`, `junit.xml` carries the gate's verdict as a suite of its own: a CI
+/// that reads only JUnit sees the regression, and whether the run regressed at all. A
+/// rebuilt report and a finished run resumed with the same baseline keep one such case.
+#[tokio::test]
+async fn junit_carries_the_gates_verdict_under_a_baseline() {
+    let work = tempfile::tempdir().unwrap();
+    let suites = work.path().join("suites");
+    std::fs::create_dir_all(suites.join("shared")).unwrap();
+    std::fs::copy(
+        repo("suites/shared/agents.kdl"),
+        suites.join("shared/agents.kdl"),
+    )
+    .unwrap();
+    let suite = |contains: &str| {
+        std::fs::write(
+            suites.join("gate.kdl"),
+            format!(
+                "include \"shared/agents.kdl\"\nscenario \"hello\" {{\n    agent \"demo\"\n    \
+                 user \"Hi, I'd like to book a duct cleaning.\"\n    expect reply \
+                 contains=\"{contains}\"\n}}\n"
+            ),
+        )
+        .unwrap();
+    };
+    let runs = work.path().join("runs");
+    let run = |name: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .arg("run")
+            .arg(&suites)
+            .args(["-q", "--max-latency-increase", "100000", "--out"])
+            .arg(runs.join(name))
+            .args(extra);
+        command.output()
+    };
+    let junit = |name: &str| std::fs::read_to_string(runs.join(name).join("junit.xml")).unwrap();
+    suite("postal code");
+    let o = run("base", &[]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!junit("base").contains("trellis gate"));
+
+    let o = run("same", &["--baseline", "base"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let xml = junit("same");
+    assert!(
+        xml.contains("<testsuites name=\"trellis ") && xml.contains(" tests=\"2\" failures=\"0\""),
+        "{xml}"
+    );
+    assert!(
+        xml.contains(
+            "<testcase name=\"no regression against the baseline\" classname=\"trellis\" \
+             time=\"0.000\">\n      <system-out>compared with the baseline "
+        ) && xml.contains(": no regression past the thresholds</system-out>"),
+        "{xml}"
+    );
+
+    suite("no such words");
+    let o = run("head", &["--baseline", "base"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let check_gate = |xml: &str| {
+        assert_eq!(
+            xml.matches("<testsuite name=\"trellis gate\"").count(),
+            1,
+            "{xml}"
+        );
+        let totals = xml.lines().nth(1).unwrap();
+        assert!(
+            totals.contains(" tests=\"2\" failures=\"2\" errors=\"0\""),
+            "{totals}"
+        );
+        assert!(
+            xml.contains("<failure type=\"regression\" message=\"3 regressions against "),
+            "{xml}"
+        );
+        assert!(xml.ends_with("  </testsuite>\n</testsuites>\n"), "{xml}");
+    };
+    check_gate(&junit("head"));
+
+    // Rebuilt from the journal, the file has the gate again, once.
+    let o = trellis()
+        .arg("report")
+        .arg(runs.join("head"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    check_gate(&junit("head"));
+    // A finished run resumed with its baseline gives the gate's answer again, once.
+    let o = trellis()
+        .arg("run")
+        .arg(&suites)
+        .args(["-q", "--baseline", "base", "--resume"])
+        .arg(runs.join("head"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    check_gate(&junit("head"));
+}
+
 #[tokio::test]
 async fn junit_has_one_case_per_repetition_and_suites_take_wall_time() {
     let out = tempfile::tempdir().unwrap();
