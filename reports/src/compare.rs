@@ -207,6 +207,11 @@ pub struct RunRef {
     pub dir: String,
     pub started_at: String,
     pub finished: bool,
+    /// It reached its end having been stopped before its work was done (a signal, a
+    /// budget), or recorded fewer trajectories than it planned: `finished` and still short
+    /// of its plan.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// Everything that changed between two runs.
@@ -377,6 +382,15 @@ pub fn compare(
     }
     if let Some(why) = checked_nothing(head) {
         regressions.push(format!("the head run {why}"));
+    }
+    // A base that did not cover its plan holds the head run to part of it: what it never
+    // reached is `added` in the head and gated only as new (`trellis runs pin` refuses such
+    // a run for the same reason).
+    if let Some(why) = incomplete(base) {
+        regressions.push(format!(
+            "the base run {why}: it holds the head run to only part of its plan; finish it, \
+             or compare with a run that covered its plan"
+        ));
     }
     if let Some(why) = checked_nothing(base) {
         regressions.push(format!(

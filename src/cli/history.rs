@@ -451,6 +451,7 @@ pub fn run_ref(entry: &RunEntry) -> RunRef {
         dir: entry.dir.display().to_string(),
         started_at: entry.started_at.clone().unwrap_or_default(),
         finished: entry.finished,
+        stopped: entry.stopped,
     }
 }
 
@@ -867,7 +868,7 @@ pub fn print_comparison(c: &Comparison) {
 /// `trellis run --baseline`: resolves the baseline before the run starts, so a typo fails
 /// at once rather than after the whole run.
 pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
-    history::resolve_run(runs_dir, what).map_err(|e| {
+    let entry = history::resolve_run(runs_dir, what).map_err(|e| {
         // `--baseline` takes an optional value, so `run --baseline suites/` reads the suite
         // path as the baseline's name.
         let is_suite_path = matches!(e, HistoryError::NoSuchRun { .. })
@@ -881,7 +882,32 @@ pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
             );
         }
         code
-    })
+    })?;
+    // Refused before anything runs, as `trellis runs pin` refuses it: a baseline that did
+    // not cover its plan would hold this run to part of it (`compare` fails such a
+    // comparison too, after the whole run).
+    let short = if !entry.finished {
+        Some("never reached its end")
+    } else if entry.stopped {
+        Some("was stopped before its work was done")
+    } else {
+        None
+    };
+    if let Some(why) = short {
+        errln!(
+            "error: the baseline, run {} ({}), {why}: it would hold this run to only part of \
+             its plan",
+            entry.label(),
+            entry.dir.display()
+        );
+        errln!(
+            "hint: finish it with `trellis run SUITES… --resume {}`, or give a run that \
+             covered its plan (`trellis runs` lists them)",
+            entry.dir.display()
+        );
+        return Err(EXIT_INVALID);
+    }
+    Ok(entry)
 }
 
 /// A run's wall time as the listing shows it: milliseconds under a second (a run of a few

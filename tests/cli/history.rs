@@ -744,6 +744,76 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     assert!(!runs.path().join("never").exists());
 }
 
+/// A run stopped before its work was done holds a head run to part of its plan: refused as
+/// `run --baseline` before anything runs (as `runs pin` refuses it), and a regression of
+/// `compare`, whose JSON says the base was stopped.
+#[tokio::test]
+async fn a_stopped_run_is_no_baseline() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "stopped",
+        "2026-01-01T00:00:00Z",
+        &[sample("yes", 0, true, 100.0)],
+    );
+    let journal = runs.path().join("stopped/journal.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(text.contains("\"turns\":1}}"), "{text}");
+    std::fs::write(
+        &journal,
+        text.replace("\"turns\":1}}", "\"turns\":1,\"interrupted\":true}}"),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("report")
+        .arg(runs.path().join("stopped"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("yes", 0, true, 100.0)],
+    );
+
+    let o = compare(runs.path(), &["stopped", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c["base"]["stopped"], true, "{}", c["base"]);
+    assert_eq!(c["head"]["stopped"], false, "{}", c["head"]);
+    assert!(
+        c["regressions"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("the base run was stopped before its work was done"),
+        "{}",
+        c["regressions"]
+    );
+
+    let o = trellis()
+        .args([
+            "run",
+            "suites/booking.kdl",
+            "--baseline",
+            "stopped",
+            "--out",
+        ])
+        .arg(runs.path().join("never"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("was stopped before its work was done"),
+        "{err}"
+    );
+    assert!(err.contains("--resume"), "{err}");
+    assert!(!runs.path().join("never").exists());
+}
+
 /// Under `--baseline`, `junit.xml` carries the gate's verdict as a suite of its own: a CI
 /// that reads only JUnit sees the regression, and whether the run regressed at all. A
 /// rebuilt report and a finished run resumed with the same baseline keep one such case.
