@@ -56,6 +56,12 @@ pub struct Thresholds {
     /// agreement floor (default false: such a score is shown, not gated).
     #[serde(default)]
     pub gate_untrusted_judges: bool,
+    /// Fail on a scenario, branch or check the base run checked that the head run no longer
+    /// has (taken out of the suites, made `draft`, its text edited), and on a scenario or
+    /// branch checked in fewer repetitions (a lower `repeat`) (default false: `removed` is
+    /// shown, and counted in a note).
+    #[serde(default)]
+    pub gate_removed: bool,
 }
 
 impl Default for Thresholds {
@@ -67,6 +73,7 @@ impl Default for Thresholds {
             latency_noise_ms: 25.0,
             alpha: 0.05,
             gate_untrusted_judges: false,
+            gate_removed: false,
         }
     }
 }
@@ -238,6 +245,11 @@ pub struct Comparison {
     /// without), said so that a pass-rate change is not read as the agent's alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules_differ: Option<String>,
+    /// How many scenarios, branches and checks the base run checked that the head run does
+    /// not have, or checks in fewer repetitions, when they do not fail the comparison
+    /// (without [`Thresholds::gate_removed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_out: Option<String>,
 }
 
 /// Every agent turn's latency (ms) in each run (`history::turn_latencies`): what the
@@ -682,6 +694,35 @@ pub fn compare(
         }
     }
 
+    let (fewer, removed) = taken_out(&scenarios, &branches, &criteria);
+    if thresholds.gate_removed {
+        regressions.extend(fewer.iter().chain(&removed).cloned());
+    }
+    let taken_out = (!thresholds.gate_removed && fewer.len() + removed.len() > 0).then(|| {
+        let mut parts = Vec::new();
+        if !removed.is_empty() {
+            parts.push(format!(
+                "{} the base run checked {} not in the head run",
+                removed.len(),
+                if removed.len() == 1 { "is" } else { "are" }
+            ));
+        }
+        if !fewer.is_empty() {
+            parts.push(format!(
+                "{} checked in fewer repetitions",
+                if fewer.len() == 1 {
+                    "1 scenario or branch is".to_owned()
+                } else {
+                    format!("{} scenarios or branches are", fewer.len())
+                }
+            ));
+        }
+        format!(
+            "{} (scenarios, branches and checks; `removed` below): they do not fail the \
+             comparison unless --gate-removed is given",
+            parts.join(", and ")
+        )
+    });
     let strictness = |strict: bool| {
         if strict {
             "with --strict"
@@ -699,6 +740,7 @@ pub fn compare(
         )
     });
     Comparison {
+        taken_out,
         rules_differ,
         base: base_ref,
         head: head_ref,
@@ -712,6 +754,83 @@ pub fn compare(
         untrusted_judges,
         score_gate_refused,
     }
+}
+
+/// What the head run no longer checks that the base run did, one sentence each: scenarios
+/// and branches checked in fewer repetitions, then scenarios, branches and checks removed.
+/// A branch or check of a removed scenario is the scenario's line; a check of a removed
+/// branch the branch's.
+fn taken_out(
+    scenarios: &[ScenarioChange],
+    branches: &[BranchChange],
+    criteria: &[CriterionChange],
+) -> (Vec<String>, Vec<String>) {
+    let was_checked = |rate: &RateChange| rate.base.is_some_and(|t| t.samples > 0);
+    let fewer_line = |what: String, rate: &RateChange| match (rate.base, rate.head) {
+        (Some(b), Some(h)) if h.samples > 0 && h.samples < b.samples => Some(format!(
+            "{what}: checked in {} repetitions in the base run, {} in the head run",
+            b.samples, h.samples
+        )),
+        _ => None,
+    };
+    let mut fewer = Vec::new();
+    let mut removed = Vec::new();
+    let removed_scenarios: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
+        .iter()
+        .filter(|s| s.rate.verdict == Verdict::Removed)
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
+    for s in scenarios {
+        let what = format!("scenario {}/{} [{}]", s.suite, s.scenario, s.agent);
+        if s.rate.verdict == Verdict::Removed && was_checked(&s.rate) {
+            removed.push(format!(
+                "{what}: checked in the base run, not in the head run"
+            ));
+        } else if let Some(line) = fewer_line(what, &s.rate) {
+            fewer.push(line);
+        }
+    }
+    let mut removed_branches = std::collections::BTreeSet::new();
+    for b in branches {
+        let scenario = (b.suite.as_str(), b.scenario.as_str(), b.agent.as_str());
+        // Names an agent or an attack chose (`NAME~…`) differ from run to run.
+        if removed_scenarios.contains(&scenario) || b.trajectory.contains('~') {
+            continue;
+        }
+        let what = format!(
+            "branch {}/{} {} [{}]",
+            b.suite, b.scenario, b.trajectory, b.agent
+        );
+        if b.rate.verdict == Verdict::Removed && was_checked(&b.rate) {
+            removed_branches.insert((scenario, b.trajectory.as_str()));
+            removed.push(format!(
+                "{what}: checked in the base run, not in the head run"
+            ));
+        } else if let Some(line) = fewer_line(what, &b.rate) {
+            fewer.push(line);
+        }
+    }
+    for c in criteria {
+        let scenario = (c.suite.as_str(), c.scenario.as_str(), c.agent.as_str());
+        if c.rate.verdict != Verdict::Removed
+            || !was_checked(&c.rate)
+            || c.trajectory.contains('~')
+            || removed_scenarios.contains(&scenario)
+            || removed_branches.contains(&(scenario, c.trajectory.as_str()))
+        {
+            continue;
+        }
+        let at = c
+            .turn_index
+            .map(|i| format!(" (turn {i})"))
+            .unwrap_or_default();
+        removed.push(format!(
+            "check {}/{} {} [{}]{at} `{}`: checked in the base run, not in the head run (taken \
+             out, or its text edited)",
+            c.suite, c.scenario, c.trajectory, c.agent, c.criterion
+        ));
+    }
+    (fewer, removed)
 }
 
 /// Why a scenario the head run has checked nothing of, in the head run's words.
@@ -1349,6 +1468,7 @@ impl From<&Comparison> for crate::ComparePage {
                 .rules_differ
                 .iter()
                 .chain(&c.score_gate_refused)
+                .chain(&c.taken_out)
                 .cloned()
                 .collect(),
         }

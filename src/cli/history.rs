@@ -96,6 +96,12 @@ pub struct ThresholdArgs {
     /// calibrate`) marks a judge below the agreement floor.
     #[arg(long)]
     gate_untrusted_judges: bool,
+    /// Fail on a scenario, branch or check the base run checked that the head run no
+    /// longer has (taken out of the suites, made `draft`, its text edited), and on one
+    /// checked in fewer repetitions (a lower `repeat`). Without it they are shown as
+    /// `removed` and counted in a note.
+    #[arg(long)]
+    gate_removed: bool,
 }
 
 /// A finite number of at least 0.
@@ -123,6 +129,7 @@ impl ThresholdArgs {
             latency_noise_ms: self.latency_noise_ms,
             alpha: self.alpha,
             gate_untrusted_judges: self.gate_untrusted_judges,
+            gate_removed: self.gate_removed,
         }
     }
 }
@@ -836,6 +843,9 @@ pub fn print_comparison(c: &Comparison) {
     }
     if let Some(why) = &c.rules_differ {
         outln!("note: {why}");
+    }
+    if let Some(what) = &c.taken_out {
+        outln!("note: {what}");
     }
     if let Some(why) = &c.score_gate_refused {
         outln!("note: {why}");

@@ -744,6 +744,54 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     assert!(!runs.path().join("never").exists());
 }
 
+/// Taking a test out, or running it fewer times, is shown and counted; with `--gate-removed`
+/// it fails the comparison, one line each.
+#[tokio::test]
+async fn gate_removed_fails_on_what_the_head_run_no_longer_checks() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut base: Vec<Sample> = (0..3).map(|i| sample("kept", i, true, 100.0)).collect();
+    base.push(sample("dropped", 0, true, 100.0));
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &base);
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("kept", 0, true, 100.0)],
+    );
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "note: 1 the base run checked is not in the head run, and 2 scenarios or branches \
+             are checked in fewer repetitions"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("--gate-removed"), "{text}");
+
+    let o = compare(runs.path(), &["base", "head", "--gate-removed", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c["thresholds"]["gate_removed"], true);
+    assert!(c.get("taken_out").is_none(), "{c}");
+    let regressions: Vec<&str> = c["regressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert_eq!(
+        regressions,
+        [
+            "scenario s/c [a]: checked in 3 repetitions in the base run, 1 in the head run",
+            "branch s/c kept [a]: checked in 3 repetitions in the base run, 1 in the head run",
+            "branch s/c dropped [a]: checked in the base run, not in the head run",
+        ],
+        "{c}"
+    );
+}
+
 /// A run stopped before its work was done holds a head run to part of its plan: refused as
 /// `run --baseline` before anything runs (as `runs pin` refuses it), and a regression of
 /// `compare`, whose JSON says the base was stopped.
