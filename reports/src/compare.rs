@@ -493,6 +493,23 @@ pub fn compare(
         .filter(|s| s.rate.verdict == Verdict::Added)
         .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
         .collect();
+    // The head run's own, for what its regression lines say of how it ended.
+    let head_scenarios: std::collections::HashMap<
+        (&str, &str, &str),
+        &crate::stats::ScenarioStats,
+    > = head
+        .scenarios
+        .iter()
+        .map(|s| ((&*s.suite, &*s.scenario, &*s.agent), s))
+        .collect();
+    let head_branches: std::collections::HashMap<
+        (&str, &str, &str, &str),
+        &crate::stats::BranchStats,
+    > = head
+        .branches
+        .iter()
+        .map(|b| ((&*b.suite, &*b.scenario, &*b.trajectory, &*b.agent), b))
+        .collect();
     for s in &scenarios {
         if let (Verdict::Added, Some(h)) = (s.rate.verdict, s.rate.head)
             && h.passed < h.samples
@@ -509,12 +526,16 @@ pub fn compare(
             ));
         }
         if s.rate.verdict == Verdict::Regressed {
+            let head_counts = head_scenarios
+                .get(&(s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+                .map(|h| h.counts);
             regressions.push(format!(
-                "scenario {}/{} [{}]: {}",
+                "scenario {}/{} [{}]: {}{}",
                 s.suite,
                 s.scenario,
                 s.agent,
-                describe(&s.rate)
+                describe(&s.rate),
+                head_counts.as_ref().map(in_the_head).unwrap_or_default()
             ));
         }
     }
@@ -592,13 +613,30 @@ pub fn compare(
             ));
         }
         if b.rate.verdict == Verdict::Regressed {
+            let head_counts = head_branches
+                .get(&(
+                    b.suite.as_str(),
+                    b.scenario.as_str(),
+                    b.trajectory.as_str(),
+                    b.agent.as_str(),
+                ))
+                .map(|h| {
+                    let mut counts = StatusCounts::default();
+                    for &(first, last, status) in &h.outcome_runs {
+                        for _ in first..=last {
+                            counts.add(status);
+                        }
+                    }
+                    counts
+                });
             regressions.push(format!(
-                "branch {}/{} {} [{}]: {}",
+                "branch {}/{} {} [{}]: {}{}",
                 b.suite,
                 b.scenario,
                 b.trajectory,
                 b.agent,
-                describe(&b.rate)
+                describe(&b.rate),
+                head_counts.as_ref().map(in_the_head).unwrap_or_default()
             ));
         }
     }
@@ -681,8 +719,14 @@ pub fn compare(
             ));
         }
         if c.rate.verdict == Verdict::Regressed {
+            // Why it failed, so that a line reads as the agent's failure or the judge's.
+            let why = c
+                .head_failure
+                .as_deref()
+                .map(|f| format!(": {}", clipped(f, 160)))
+                .unwrap_or_default();
             regressions.push(format!(
-                "check {}/{} {} [{}]{} `{}`: {}",
+                "check {}/{} {} [{}]{} `{}`: {}{why}",
                 c.suite,
                 c.scenario,
                 c.trajectory,
@@ -1367,6 +1411,35 @@ fn metric(
 
 fn show(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))
+}
+
+/// ` (in the head run: 2 failed, 1 error)`: how the head run's samples that did not pass
+/// ended, so a regression line says whether the agent failed its checks or a turn or judge
+/// failed (`error`).
+fn in_the_head(c: &StatusCounts) -> String {
+    let parts: Vec<String> = [
+        (c.failed, "failed", "failed"),
+        (c.errors, "error", "errors"),
+        (c.skipped, "skipped", "skipped"),
+        (c.invalid, "invalid", "invalid"),
+    ]
+    .into_iter()
+    .filter(|(n, ..)| *n > 0)
+    .map(|(n, one, many)| format!("{n} {}", if n == 1 { one } else { many }))
+    .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" (in the head run: {})", parts.join(", "))
+    }
+}
+
+/// `text` cut to about `max` characters, on a character boundary, with `…` when cut.
+fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }
 
 /// `2/3 → 0/3 passed (p = 0.20)`.

@@ -242,7 +242,7 @@ pub struct StatusCounts {
 }
 
 impl StatusCounts {
-    fn add(&mut self, status: TrajectoryStatus) {
+    pub(crate) fn add(&mut self, status: TrajectoryStatus) {
         self.trajectories += 1;
         match status {
             TrajectoryStatus::Passed => self.passed += 1,

@@ -202,11 +202,17 @@ async fn compare_exits_1_when_a_branch_that_passed_fails() {
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("REGRESSED"), "{text}");
+    // Each line says how the head run's sample ended, and a check why it failed.
     assert!(
-        text.contains("branch s/c no [a]: 1/1 → 0/1 passed"),
+        text.contains("branch s/c no [a]: 1/1 → 0/1 passed (in the head run: 1 failed)"),
         "{text}"
     );
-    assert!(text.contains("reply was \"bye\""), "{text}");
+    assert!(
+        text.contains(
+            "check s/c no [a] (turn 0) `reply contains=\"hello\"`: 1/1 → 0/1 passed: reply was \"bye\""
+        ),
+        "{text}"
+    );
 
     // The same comparison as a page.
     let page = runs.path().join("compare.html");
