@@ -939,6 +939,60 @@ scenario "book" {{
     assert_eq!(strings(&c, "status"), [Some("passed".to_owned())], "{c}");
 }
 
+/// A judged check no judge would answer (none configured) is skipped for that reason when a
+/// stop comes while its trajectory ends: it was recorded "stopped before the judge answered",
+/// which was false, and made the trajectory one for `--resume` to run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_does_not_say_a_judge_never_configured_was_cut_off() {
+    use super::support::{Behavior, MisbehavingServer, OK_BODY};
+    let server = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::from_millis(1500),
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::write(
+        suites.join("unjudged.kdl"),
+        format!(
+            r#"
+agent "slow" protocol="connexity" url="{}"
+scenario "greets" {{
+    user "Hi"
+    criteria {{
+        judge "the agent greets"
+    }}
+}}
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = spawn_run(&suites, &out, &[]);
+    let asked = Instant::now();
+    while server.requests() == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the agent was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    send(&child, libc::SIGTERM);
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let details = strings(&c, "detail");
+    assert_eq!(details.len(), 1, "{c}");
+    let detail = details[0].as_deref().unwrap_or_default();
+    assert!(!detail.contains("stopped"), "{detail}");
+    assert!(detail.contains("no judge"), "{detail}");
+}
+
 /// The journal is the crash-safe source of truth but no longer 28 times the tables:
 /// one-turn trajectories (the worst case: least text per timing) stay within twice them.
 #[tokio::test]

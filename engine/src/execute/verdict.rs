@@ -33,6 +33,12 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
     shared: &super::Shared,
     task: JudgeTask<'_, T>,
 ) -> CriterionRecord {
+    // A check no judge would answer is skipped for that reason, stopped or not: "stopped
+    // before the judge answered" said of it was false, and `--resume` ran it again for
+    // nothing.
+    if !shared.llm.would_ask_a_judge(task.kind) {
+        return shared.llm.judge(task).await;
+    }
     let (criterion, kind, turn_index) = (
         task.criterion_text.to_owned(),
         task.kind.name().to_string(),

@@ -234,6 +234,19 @@ impl LlmRuntime {
     /// passed or failed on the judge's score, `skipped` without a judge, `error` when the
     /// judge failed or answered garbage. A criterion naming a panel is judged by each of its
     /// judges at once and decided by the panel's consensus rule.
+    /// Whether a check of `kind` would ask a judge at all: `false` for a judged check with
+    /// no judge configured (it is skipped as [`NO_JUDGE`] at once, with no call to abandon)
+    /// and for a check that is not LLM-judged.
+    pub fn would_ask_a_judge(&self, kind: &CriterionKind) -> bool {
+        let named = match kind {
+            CriterionKind::Judge { judge, .. } => judge.as_ref().map(|j| j.value.as_str()),
+            CriterionKind::Outcome(_) => None,
+            _ => return false,
+        };
+        named.is_some_and(|id| self.setup.panels.iter().any(|p| p.id.value == id))
+            || self.resolve(named).is_some()
+    }
+
     pub async fn judge<T: AsRef<TurnRecord>>(&self, task: JudgeTask<'_, T>) -> CriterionRecord {
         let mut record = CriterionRecord {
             turn_index: task.turn_index,
