@@ -1,7 +1,8 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
 //! occurred (with `--baseline`, and for `compare`: a regression; for `calibrate`: a judge
-//! below the agreement floor), 2 invalid suite, usage, unknown run or bad labels file, 3 results incomplete (a results file could not be written), 130 stopped by
-//! Ctrl-C, 143 stopped by SIGTERM, 129 stopped by SIGHUP (`trellis agent`, a server, exits 0
+//! below the agreement floor), 2 invalid suite, usage, unknown run or bad labels file, 3
+//! results incomplete (a results file could not be written), 4 stopped at an LLM budget,
+//! 130 stopped by Ctrl-C, 143 stopped by SIGTERM, 129 stopped by SIGHUP (`trellis agent`, a server, exits 0
 //! when a signal stops it).
 
 mod agent;
@@ -73,10 +74,12 @@ enum Command {
     ///
     /// Results go to runs/<run-id>/ (or --out). Exit code 0 when no trajectory failed or
     /// faulted (a skipped trajectory, or an invalid one whose simulated user broke
-    /// character, does not fail a run; with --strict a skipped one does), 1 when a criterion failed or an agent faulted (with
-    /// --baseline: when something regressed), 2 when a suite, the command line or the baseline is invalid, 3 when a
-    /// results file could not be written, 130 after Ctrl-C, 143 after SIGTERM, 129 after
-    /// SIGHUP (finished trajectories are reported either way).
+    /// character, does not fail a run; with --strict a skipped one does), 1 when a
+    /// criterion failed or an agent faulted (with --baseline: when something regressed), 2
+    /// when a suite, the command line or the baseline is invalid, 3 when a results file
+    /// could not be written or the comparison could not be made, 4 when an LLM budget
+    /// (--max-llm-calls, --max-llm-cost) stopped the run, 130 after Ctrl-C, 143 after
+    /// SIGTERM, 129 after SIGHUP (finished trajectories are reported either way).
     Run(RunArgs),
     /// Validate suites without running anything; prints every problem at once.
     ///
