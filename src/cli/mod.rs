@@ -12,6 +12,7 @@ mod complete;
 mod console;
 mod fmt;
 mod freeze;
+mod github;
 mod history;
 mod import;
 mod init;

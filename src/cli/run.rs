@@ -390,6 +390,9 @@ pub fn run(args: RunArgs) -> u8 {
         signals: None,
     };
     let fresh = resumed.is_none();
+    // Where the scenarios are written, for a GitHub workflow's annotations (nothing outside
+    // one).
+    let locations = super::github::Locations::of(&plan, &project);
     // The plan holds what the run needs of the suites; the rest (the files' text, the
     // datasets' rows) would be held for nothing until the process exits.
     drop(project);
@@ -437,6 +440,18 @@ pub fn run(args: RunArgs) -> u8 {
                 forget_comparison(&out);
             }
         }
+    }
+    if let (Some(locations), Some(stats)) = (&locations, &outcome.stats) {
+        super::github::report(
+            locations,
+            stats,
+            &out,
+            baseline
+                .as_ref()
+                .map(|b| b.label())
+                .zip(comparison.as_ref()),
+            json,
+        );
     }
     // A signal while the results of a run that ended by itself were written: they are
     // complete, and the exit code says the command was asked to stop.

@@ -750,6 +750,72 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     assert!(!runs.path().join("never").exists());
 }
 
+/// Run as a GitHub Actions step, a run annotates each failing scenario at the line that
+/// declares it, in the workflow-command syntax the runner reads, and appends a summary to
+/// the job's page; under a baseline, only what regressed is annotated, with the gate's
+/// verdict, and the summary says it.
+#[tokio::test]
+async fn a_run_in_a_github_workflow_annotates_failures_and_writes_the_job_summary() {
+    let work = tempfile::tempdir().unwrap();
+    let summary = work.path().join("step-summary.md");
+    let runs = work.path().join("runs");
+    let in_workflow = |name: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .args(["run", "suites/booking.kdl", "--out"])
+            .arg(runs.join(name))
+            .args(["--max-latency-increase", "100000"])
+            .args(extra)
+            .env("GITHUB_ACTIONS", "true")
+            .env("GITHUB_STEP_SUMMARY", &summary);
+        command.output()
+    };
+    let o = in_workflow("base", &[]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("::error ")).collect();
+    // book-duct-cleaning's asks-price fails on purpose; the scenario is declared on line 10.
+    assert_eq!(errors.len(), 1, "{text}");
+    // The path as the run was given it: relative to where it ran, the repository's root.
+    assert!(
+        errors[0].starts_with(
+            "::error file=suites/booking.kdl,line=10,title=booking/book-duct-cleaning [demo] \
+             failed::3 of 6 failed; tool \"create_booking\": "
+        ),
+        "{}",
+        errors[0]
+    );
+    let written = std::fs::read_to_string(&summary).unwrap();
+    assert!(written.starts_with("### Trellis run `"), "{written}");
+    assert!(written.contains("| 9 | 6 | 3 | 0 | 0 | 0 |"), "{written}");
+    assert!(
+        written.contains("- `booking/book-duct-cleaning` [demo]: 3 of 6 failed: "),
+        "{written}"
+    );
+
+    // Gated: the shared failure is not annotated, and the summary (appended) says so.
+    let o = in_workflow("head", &["--baseline", "base"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("::error"), "{}", stdout(&o));
+    let written = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(written.matches("### Trellis run").count(), 2, "{written}");
+    assert!(
+        written.contains("**Gate: no regression** against the baseline `"),
+        "{written}"
+    );
+
+    // Under --message-format json, stdout is the event stream: annotations go to stderr.
+    let o = in_workflow("json", &["--message-format", "json"])
+        .await
+        .unwrap();
+    assert!(
+        stdout(&o).lines().all(|l| l.starts_with('{')),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stderr(&o).contains("::error file="), "{}", stderr(&o));
+}
+
 /// Taking a test out, or running it fewer times, is shown and counted; with `--gate-removed`
 /// it fails the comparison, one line each.
 #[tokio::test]

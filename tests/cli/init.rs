@@ -466,9 +466,11 @@ async fn the_workflows_first_build_pins_its_baseline_and_the_gate_compares_with_
         stderr(&word)
     );
 
+    let outputs = root.path().join("github-output");
     let mut bash = tokio::process::Command::new("bash");
     bash.current_dir(&dir)
         .env("PATH", path)
+        .env("GITHUB_OUTPUT", &outputs)
         .args(["-euo", "pipefail", "-c", &script]);
     without_runner_shards(&mut bash);
     let o = bash.output().await.unwrap();
@@ -478,6 +480,41 @@ async fn the_workflows_first_build_pins_its_baseline_and_the_gate_compares_with_
         "{script}\n{}{}",
         stdout(&o),
         stderr(&o)
+    );
+    // The step tells the gated run to compare.
+    assert_eq!(read(&outputs), "gate=--baseline\n");
+    // As YAML, the workflow is what GitHub reads: the gated run takes the step's output, and
+    // a pull request neither pins its own run nor saves its runs for the next build.
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&workflow).unwrap();
+    let steps = yaml["jobs"]["evals"]["steps"].as_sequence().unwrap();
+    let named = |name: &str| {
+        steps
+            .iter()
+            .find(|s| s["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no step {name}"))
+    };
+    let pin = named("Pin a baseline on the first build")["run"]
+        .as_str()
+        .unwrap();
+    let pull_request = pin
+        .split("elif [ \"${{ github.event_name }}\" = pull_request ]; then")
+        .nth(1)
+        .and_then(|rest| rest.split("\nelse").next())
+        .unwrap_or_else(|| panic!("no pull-request branch: {pin}"));
+    assert!(pull_request.contains("::warning "), "{pull_request}");
+    assert!(
+        !pull_request.contains("runs pin") && !pull_request.contains("gate="),
+        "{pull_request}"
+    );
+    assert!(
+        named("Run the suites against the baseline")["run"]
+            .as_str()
+            .unwrap()
+            .contains("${{ steps.baseline.outputs.gate }}")
+    );
+    assert_eq!(
+        named("Keep the runs for the next build")["if"].as_str(),
+        Some("always() && github.event_name != 'pull_request'")
     );
 
     let head = trellis_in(&dir, &["run", "--out", "runs/head", "--baseline"]).await;

@@ -109,6 +109,10 @@ pub fn without_runner_shards(cmd: &mut tokio::process::Command) {
     for name in RUNNER_SHARD_VARS {
         cmd.env_remove(name);
     }
+    // Tests run as a GitHub Actions step would otherwise annotate that workflow and append
+    // to its job summary; the tests of that set these themselves.
+    cmd.env_remove("GITHUB_ACTIONS");
+    cmd.env_remove("GITHUB_STEP_SUMMARY");
 }
 
 /// A loopback port nothing listens on, held for as long as the returned socket lives: it is

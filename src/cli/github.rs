@@ -1,0 +1,341 @@
+//! GitHub Actions: when a run is a step of a workflow, its failures and the gate's verdict
+//! as the annotations GitHub draws on the pull request (workflow commands, `::error`), and a
+//! summary of the run in the job's page (`$GITHUB_STEP_SUMMARY`). Outside a workflow
+//! (`GITHUB_ACTIONS` is not `true`, no summary file) nothing here runs or costs anything.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use trellis_engine::plan::Plan;
+use trellis_reports::compare::{Comparison, Verdict};
+use trellis_reports::stats::RunStats;
+
+/// Annotations of one step GitHub shows at most of each kind (10 errors): more are dropped
+/// by it, so more are not written.
+const MAX_ANNOTATIONS: usize = 10;
+
+/// Lines of a list the summary shows at most; the rest are counted.
+const MAX_LISTED: usize = 20;
+
+/// Where each scenario is written, to place its annotation: taken from the plan and the
+/// suites' files before they are let go, only inside a workflow.
+pub struct Locations(HashMap<(String, String), (PathBuf, usize)>);
+
+impl Locations {
+    pub fn of(plan: &Plan, project: &trellis_dsl::Project) -> Option<Self> {
+        if !in_a_workflow() && summary_file().is_none() {
+            return None;
+        }
+        let mut at = HashMap::new();
+        for s in &plan.scenarios {
+            let span = s.scenario.id.span;
+            let Some(file) = project.files.get(span.file) else {
+                continue;
+            };
+            let (line, _) = file.line_col(span.span.offset());
+            at.insert(
+                (s.suite.to_string(), s.scenario.id.value.clone()),
+                (file.path.clone(), line),
+            );
+        }
+        Some(Locations(at))
+    }
+
+    fn of_scenario(&self, suite: &str, scenario: &str) -> Option<&(PathBuf, usize)> {
+        self.0.get(&(suite.to_owned(), scenario.to_owned()))
+    }
+}
+
+fn in_a_workflow() -> bool {
+    std::env::var_os("GITHUB_ACTIONS").is_some_and(|v| v == "true")
+}
+
+fn summary_file() -> Option<PathBuf> {
+    std::env::var_os("GITHUB_STEP_SUMMARY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// What a run ended with, for the workflow: annotations on stdout (stderr under
+/// `--message-format json`, whose stdout is the event stream), and the job summary appended
+/// to. A summary that cannot be written is said, and changes nothing else.
+pub fn report(
+    locations: &Locations,
+    stats: &RunStats,
+    out: &Path,
+    comparison: Option<(&str, &Comparison)>,
+    json: bool,
+) {
+    if in_a_workflow() {
+        let lines = annotations(locations, stats, comparison);
+        if !lines.is_empty() {
+            let text = lines.join("\n") + "\n";
+            // A reader gone (`| head`) is no reason to fail the run.
+            let _ = if json {
+                std::io::stderr().write_all(text.as_bytes())
+            } else {
+                std::io::stdout().write_all(text.as_bytes())
+            };
+        }
+    }
+    if let Some(path) = summary_file() {
+        let text = summary(stats, out, comparison);
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        if let Err(e) = written {
+            super::console::errln!(
+                "warning: cannot append the job summary to {} (GITHUB_STEP_SUMMARY): {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// `::error` lines: under a baseline, the gate's verdict and each scenario that regressed
+/// or was not run (failures the baseline shares are not the change's); without one, each
+/// scenario that failed or errored.
+fn annotations(
+    locations: &Locations,
+    stats: &RunStats,
+    comparison: Option<(&str, &Comparison)>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let place = |suite: &str, scenario: &str| match locations.of_scenario(suite, scenario) {
+        Some((path, line)) => format!(
+            "file={},line={line},",
+            property(&path.display().to_string())
+        ),
+        None => String::new(),
+    };
+    match comparison {
+        Some((baseline, c)) => {
+            if c.regressed {
+                lines.push(format!(
+                    "::error title={}::{}",
+                    property("Trellis gate"),
+                    data(&format!(
+                        "{} against the baseline {baseline}; the first: {}",
+                        count(c.regressions.len(), "regression", "regressions"),
+                        c.regressions
+                            .first()
+                            .map(String::as_str)
+                            .unwrap_or_default()
+                    ))
+                ));
+            }
+            for s in c
+                .scenarios
+                .iter()
+                .filter(|s| matches!(s.rate.verdict, Verdict::Regressed | Verdict::NotRun))
+                .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
+            {
+                let what = match &s.not_run {
+                    Some(why) => format!("not run: {why}"),
+                    None => trellis_reports::compare::describe(&s.rate),
+                };
+                lines.push(format!(
+                    "::error {}title={}::{}",
+                    place(&s.suite, &s.scenario),
+                    property(&format!(
+                        "{}/{} [{}] regressed",
+                        s.suite, s.scenario, s.agent
+                    )),
+                    data(&what)
+                ));
+            }
+        }
+        None => {
+            for s in stats
+                .scenarios
+                .iter()
+                .filter(|s| s.counts.failed + s.counts.errors > 0)
+                .take(MAX_ANNOTATIONS)
+            {
+                let first = first_failure(stats, &s.suite, &s.scenario, &s.agent);
+                lines.push(format!(
+                    "::error {}title={}::{}",
+                    place(&s.suite, &s.scenario),
+                    property(&format!("{}/{} [{}] failed", s.suite, s.scenario, s.agent)),
+                    data(&format!(
+                        "{}{}",
+                        outcome(&s.counts),
+                        first.map(|f| format!("; {f}")).unwrap_or_default()
+                    ))
+                ));
+            }
+        }
+    }
+    lines
+}
+
+/// The job summary: counts, the gate's verdict and regressions, the failing scenarios, and
+/// where the results are.
+fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>) -> String {
+    let c = &stats.aggregates.counts;
+    let mut text = String::new();
+    let _ = writeln!(text, "### Trellis run `{}`\n", code(&stats.run_id));
+    let _ = writeln!(
+        text,
+        "| trajectories | passed | failed | errors | skipped | invalid |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n| {} | {} | {} | {} | {} | {} |\n",
+        c.trajectories, c.passed, c.failed, c.errors, c.skipped, c.invalid
+    );
+    if let Some(why) = trellis_reports::compare::incomplete(stats) {
+        let _ = writeln!(text, "**The run {why}.**\n");
+    }
+    if let Some((baseline, comparison)) = comparison {
+        if comparison.regressed {
+            let _ = writeln!(
+                text,
+                "**Gate: regressed** against the baseline `{}` ({}):\n",
+                code(baseline),
+                count(comparison.regressions.len(), "regression", "regressions")
+            );
+            for r in comparison.regressions.iter().take(MAX_LISTED) {
+                let _ = writeln!(text, "- {}", markdown(r));
+            }
+            if comparison.regressions.len() > MAX_LISTED {
+                let _ = writeln!(
+                    text,
+                    "- and {} more (`compare.json`)",
+                    comparison.regressions.len() - MAX_LISTED
+                );
+            }
+            text.push('\n');
+        } else {
+            let _ = writeln!(
+                text,
+                "**Gate: no regression** against the baseline `{}`; failures it shares with \
+                 the baseline do not fail the build.\n",
+                code(baseline)
+            );
+        }
+    }
+    let failing: Vec<_> = stats
+        .scenarios
+        .iter()
+        .filter(|s| s.counts.failed + s.counts.errors > 0)
+        .collect();
+    if !failing.is_empty() {
+        let _ = writeln!(text, "Scenarios that failed or errored:\n");
+        for s in failing.iter().take(MAX_LISTED) {
+            let first = first_failure(stats, &s.suite, &s.scenario, &s.agent);
+            let _ = writeln!(
+                text,
+                "- `{}/{}` [{}]: {}{}",
+                code(&s.suite),
+                code(&s.scenario),
+                markdown(&s.agent),
+                outcome(&s.counts),
+                first
+                    .map(|f| format!(": {}", markdown(&f)))
+                    .unwrap_or_default()
+            );
+        }
+        if failing.len() > MAX_LISTED {
+            let _ = writeln!(
+                text,
+                "- and {} more (`trajectories.parquet`)",
+                failing.len() - MAX_LISTED
+            );
+        }
+        text.push('\n');
+    }
+    let _ = writeln!(
+        text,
+        "Results in `{}`: `report.html`, `junit.xml`, the Parquet tables{}.\n",
+        code(&out.display().to_string()),
+        if comparison.is_some() {
+            ", `compare.html`"
+        } else {
+            ""
+        }
+    );
+    text
+}
+
+/// `2 of 3 failed, 1 error`.
+fn outcome(c: &trellis_reports::stats::StatusCounts) -> String {
+    let mut parts = Vec::new();
+    if c.failed > 0 {
+        parts.push(format!("{} of {} failed", c.failed, c.trajectories));
+    }
+    if c.errors > 0 {
+        parts.push(if c.failed > 0 {
+            count(c.errors as usize, "error", "errors")
+        } else {
+            format!("{} of {} ended in an error", c.errors, c.trajectories)
+        });
+    }
+    parts.join(", ")
+}
+
+/// The first failed check of a scenario and why, cut short.
+fn first_failure(stats: &RunStats, suite: &str, scenario: &str, agent: &str) -> Option<String> {
+    let c = stats.criteria.iter().find(|c| {
+        c.failed > 0 && *c.suite == *suite && *c.scenario == *scenario && *c.agent == *agent
+    })?;
+    let why = c.first_failure.as_deref().unwrap_or("failed");
+    let text = format!("{}: {why}", c.criterion);
+    Some(match text.char_indices().nth(300) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    })
+}
+
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A workflow command's message: `%`, CR and LF escaped, as the runner reads them.
+fn data(text: &str) -> String {
+    text.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
+}
+
+/// A workflow command's property value: as [`data`], and `:` and `,` too.
+fn property(text: &str) -> String {
+    data(text).replace(':', "%3A").replace(',', "%2C")
+}
+
+/// Text inside a Markdown code span: a backtick would close it.
+fn code(text: &str) -> String {
+    text.replace('`', "'")
+}
+
+/// Text in a Markdown line: on one line, with what would start markup or HTML escaped.
+fn markdown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        match ch {
+            '\n' | '\r' => out.push(' '),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\\' | '*' | '_' | '[' | ']' | '|' | '#' => {
+                out.push('\\');
+                out.push(ch);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workflow_command_values_are_escaped_as_the_runner_reads_them() {
+        assert_eq!(data("50% done\nnext\r"), "50%25 done%0Anext%0D");
+        assert_eq!(property("a:b,c%"), "a%3Ab%2Cc%25");
+        assert_eq!(markdown("a|b *c* <x>\nd"), "a\\|b \\*c\\* &lt;x&gt; d");
+        assert_eq!(code("a`b"), "a'b");
+    }
+}
