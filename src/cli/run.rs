@@ -914,6 +914,10 @@ pub fn execute_plan(
             None,
         ),
     };
+    let mut exporter = exporter;
+    if let (Some(exporter), Some(finished)) = (&mut exporter, &resume) {
+        exporter.resumed_after(finished.elapsed());
+    }
     let reporter = Reporter {
         record,
         console,

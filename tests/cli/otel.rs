@@ -1172,3 +1172,89 @@ async fn branch_nodes_lie_within_their_parent_nodes_span() {
     }
     assert_nested(&spans);
 }
+
+/// A run stopped and resumed under one `TRACEPARENT` (a CI job's, kept across the retry):
+/// the resumed session's spans lie when they happened (they were exported as much later as
+/// the first session had run, after the run itself had ended), and no span id repeats
+/// across the sessions (node and trajectory ids came from the trace and their keys alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_runs_spans_keep_their_times_and_their_ids_are_unique() {
+    use crate::support::{Behavior, MisbehavingServer, OK_BODY};
+    let collector = Collector::start();
+    let agent = MisbehavingServer::start(Behavior::Delayed {
+        delay: std::time::Duration::from_millis(250),
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("slow.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"hello\" {{\n    repeat 8\n    user \"hi\"\n    user \"again\"\n}}\n",
+            agent.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let run = |extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .arg("run")
+            .arg(&suite)
+            .args(["--jobs", "1", "--otlp-endpoint"])
+            .arg(format!("http://127.0.0.1:{}", collector.port))
+            .args(extra)
+            .arg(&out)
+            .env("TRACEPARENT", traceparent)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        command
+    };
+    let first = run(&["--out"]).spawn().unwrap();
+    while agent.requests() < 4 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // SAFETY: signalling a child this test started and still owns.
+    unsafe {
+        libc::kill(first.id().unwrap() as i32, libc::SIGTERM);
+    }
+    let o = first.wait_with_output().await.unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    let o = run(&["--resume"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+
+    let spans = collector.spans();
+    let turns = spans
+        .iter()
+        .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("turn ")))
+        .count();
+    assert!(turns >= 16, "{turns} turn spans: {spans:#?}");
+    let nanos = |v: &serde_json::Value| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap()
+    };
+    for span in &spans {
+        assert!(
+            nanos(&span["end"]) <= ended,
+            "a span ends {} ms after the resumed run did: {span}",
+            (nanos(&span["end"]) - ended) / 1_000_000
+        );
+    }
+    let mut ids: Vec<&str> = spans.iter().filter_map(|s| s["span_id"].as_str()).collect();
+    let all = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        all,
+        "span ids repeat across the sessions: {spans:#?}"
+    );
+}

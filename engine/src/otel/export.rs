@@ -225,8 +225,15 @@ pub struct ExportSummary {
 pub struct SpanExporter {
     trace: RunTrace,
     trace_id: Vec<u8>,
+    /// What node and trajectory span ids are derived from: the trace and this session's run
+    /// span. The trace alone repeated ids across runs under one `TRACEPARENT` (a CI job's)
+    /// and across the sessions of a resumed run.
+    id_base: Vec<u8>,
     /// Unix nanoseconds of the run's start (`run_started`), the origin of `started_ms`.
     origin: u64,
+    /// Nanoseconds the run's clock had run in earlier sessions when this one started
+    /// ([`SpanExporter::resumed_after`]): a resumed run's `started_ms` go on from there.
+    earlier: u64,
     batch: Vec<Span>,
     queue: Option<SyncSender<Vec<Span>>>,
     /// The sender thread; it ends with its first failure, if any.
@@ -284,6 +291,8 @@ impl SpanExporter {
             .ok();
         SpanExporter {
             trace_id: trace.trace_id.0.to_vec(),
+            id_base: [&trace.trace_id.0[..], &trace.run_span.0[..]].concat(),
+            earlier: 0,
             trace,
             origin: now_nanos(),
             batch: Vec::with_capacity(BATCH_SPANS),
@@ -300,15 +309,25 @@ impl SpanExporter {
         }
     }
 
+    /// For a resumed run: the earlier sessions ran the run's clock for `earlier`
+    /// (`Finished::elapsed`), from which this session's turn times go on. Without it, every
+    /// span of the session was exported that much later than it happened.
+    pub fn resumed_after(&mut self, earlier: Duration) {
+        self.earlier = u64::try_from(earlier.as_nanos()).unwrap_or(u64::MAX);
+    }
+
     /// Takes one event of the run.
     pub fn push(&mut self, event: &Event) {
         match event {
             Event::RunStarted(info) => {
                 // To the millisecond (`execute::rfc3339`): the times of nodes and turns
                 // count from it.
+                // A resumed session's `started_at` is its own start, and its turns count from
+                // the earlier sessions' end: the run's clock began that much before it.
                 self.origin = humantime::parse_rfc3339(&info.started_at)
                     .ok()
-                    .map_or(self.origin, system_nanos);
+                    .map_or(self.origin, system_nanos)
+                    .saturating_sub(self.earlier);
             }
             Event::Node(node) => self.node(node),
             Event::Trajectory(t) => self.trajectory(t),
@@ -384,7 +403,7 @@ impl SpanExporter {
 
     fn node(&mut self, node: &NodeRecord) {
         let node_id = derived_id(
-            &self.trace_id,
+            &self.id_base,
             &[
                 &node.suite,
                 &node.scenario,
@@ -395,7 +414,7 @@ impl SpanExporter {
         );
         let parent = match &node.parent {
             Some(parent) => derived_id(
-                &self.trace_id,
+                &self.id_base,
                 &[
                     &node.suite,
                     &node.scenario,
@@ -581,7 +600,7 @@ impl SpanExporter {
         // A path ends at its last node: no branch runs below it, so its span is final.
         if let Some(last) = t.nodes.last() {
             let leaf = derived_id(
-                &self.trace_id,
+                &self.id_base,
                 &[
                     &t.suite,
                     &t.scenario,
@@ -593,7 +612,7 @@ impl SpanExporter {
             self.close_node(&leaf);
         }
         let id = derived_id(
-            &self.trace_id,
+            &self.id_base,
             &[
                 &t.suite,
                 &t.scenario,
@@ -611,7 +630,7 @@ impl SpanExporter {
             .iter()
             .filter_map(|node| {
                 let node_id = derived_id(
-                    &self.trace_id,
+                    &self.id_base,
                     &[
                         &t.suite,
                         &t.scenario,
