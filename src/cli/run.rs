@@ -888,9 +888,10 @@ pub fn execute_plan(
                 E::BadEndpoint(_) | E::Protocol { .. } => format!(
                     "{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)"
                 ),
-                E::BadHeader { .. } | E::BadTimeout { .. } | E::BadCompression { .. } => {
-                    e.to_string()
-                }
+                E::BadHeader { .. }
+                | E::BadTimeout { .. }
+                | E::BadCompression { .. }
+                | E::Credentials(_) => e.to_string(),
             }
         })?
     };
@@ -1087,28 +1088,6 @@ pub fn execute_plan(
         export,
         ..
     } = reporter;
-    if let Some(export) = export {
-        // Bounded (FLUSH_TIMEOUT): a collector that is down never holds the run's end.
-        let sent = export.finish();
-        if !silent && sent.failure.is_none() && sent.dropped == 0 {
-            errln!("OTLP export: {} spans sent", sent.sent);
-        } else if !silent && sent.unconfirmed > 0 {
-            errln!(
-                "OTLP export: {} spans sent, {} dropped, {} not confirmed",
-                sent.sent,
-                sent.dropped,
-                sent.unconfirmed
-            );
-        } else if !silent {
-            // Why was said in the warning, when it happened.
-            errln!(
-                "OTLP export: {} spans sent, {} dropped",
-                sent.sent,
-                sent.dropped
-            );
-        }
-    }
-
     // run.json was written without the git state, so that the run did not wait on `git`:
     // it is completed now, on disk and for the results.
     if let Some(state) = git.and_then(super::meta::GitProbe::finish) {
@@ -1158,6 +1137,30 @@ pub fn execute_plan(
             );
         }
     }
+    // After the results are written: a collector that is slow or down held every results
+    // file back for its wait, and a second signal in it left none written. Bounded
+    // (FLUSH_TIMEOUT), and cut short by a signal.
+    if let Some(export) = export {
+        let sent = export.finish(&|| super::stop::late_signal().is_some());
+        if !silent && sent.failure.is_none() && sent.dropped == 0 {
+            errln!("OTLP export: {} spans sent", sent.sent);
+        } else if !silent && sent.unconfirmed > 0 {
+            errln!(
+                "OTLP export: {} spans sent, {} dropped, {} not confirmed",
+                sent.sent,
+                sent.dropped,
+                sent.unconfirmed
+            );
+        } else if !silent {
+            // Why was said in the warning, when it happened.
+            errln!(
+                "OTLP export: {} spans sent, {} dropped",
+                sent.sent,
+                sent.dropped
+            );
+        }
+    }
+
     let budget = summary.as_ref().and_then(|s| s.stopped_by.as_deref());
     if let Some(reason) = budget
         && !silent

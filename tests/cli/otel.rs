@@ -1258,3 +1258,89 @@ async fn a_resumed_runs_spans_keep_their_times_and_their_ids_are_unique() {
         "span ids repeat across the sessions: {spans:#?}"
     );
 }
+
+/// A collector that answers 503 once (restarting, or shedding load) gets the batch again
+/// after a backoff, as the OTLP specification asks: no span is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_answers_503_once_gets_the_spans_again() {
+    let collector =
+        crate::support::MisbehavingServer::start(crate::support::Behavior::Sequence(vec![
+            (503, String::new()),
+            (200, String::new()),
+        ]))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(collector.url())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{}{err}", stdout(&o));
+    assert!(err.contains("OTLP export: 5 spans sent"), "{err}");
+    assert!(!err.contains("dropped") && !err.contains("failed"), "{err}");
+    assert_eq!(collector.requests(), 2);
+}
+
+/// A collector that does not answer holds nothing back: every results file is written before
+/// the export's wait, and a signal during that wait ends it at once, with the run finished
+/// (the wait came first, and a second signal there left only `.partial` tables).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_written_before_the_exports_wait_and_a_signal_ends_it() {
+    let hung = crate::support::MisbehavingServer::start(crate::support::Behavior::Delayed {
+        delay: std::time::Duration::from_secs(30),
+        body: String::new(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--otlp-endpoint")
+        .arg(hung.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !out.join("summary.json").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(4),
+            "no summary.json before the export's 5s wait ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(out.join("junit.xml").exists() && out.join("report.html").exists());
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run did not wait for the export"
+    );
+    let signalled = std::time::Instant::now();
+    // SAFETY: signalling a child this test started and still owns.
+    unsafe {
+        libc::kill(child.id().unwrap() as i32, libc::SIGTERM);
+    }
+    let o = child.wait_with_output().await.unwrap();
+    assert!(
+        signalled.elapsed() < std::time::Duration::from_secs(2),
+        "the export's wait went on after SIGTERM"
+    );
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    let listed = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(runs[0]["finished"], true, "{runs}");
+    assert_eq!(runs[0]["stopped"], false, "{runs}");
+}

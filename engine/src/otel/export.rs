@@ -75,6 +75,10 @@ pub enum ExportConfigError {
     BadHeader { var: &'static str, entry: String },
     #[error("{var}={value} is not a whole number of milliseconds")]
     BadTimeout { var: &'static str, value: String },
+    #[error(
+        "OTLP endpoint `{0}` holds a user or password, which is not sent that way: give them as a header, OTEL_EXPORTER_OTLP_HEADERS=Authorization=Basic%20<base64 of user:password>"
+    )]
+    Credentials(String),
 }
 
 impl ExportConfig {
@@ -104,7 +108,14 @@ impl ExportConfig {
             },
         };
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(ExportConfigError::BadEndpoint(url));
+            return Err(ExportConfigError::BadEndpoint(without_credentials(&url)));
+        }
+        // A user and password in the URL are not sent by the HTTP client, and the URL is in
+        // the warnings CI logs keep: refused, saying where credentials go.
+        if let Ok(parsed) = reqwest::Url::parse(&url)
+            && (!parsed.username().is_empty() || parsed.password().is_some())
+        {
+            return Err(ExportConfigError::Credentials(without_credentials(&url)));
         }
         let first = |names: [&'static str; 2]| {
             names
@@ -204,8 +215,59 @@ fn parse_headers(
     Ok(headers)
 }
 
+/// The traces URL of a base URL: `/v1/traces` appended to its path, before a query
+/// (`http://c:4318/otlp?tenant=a` → `http://c:4318/otlp/v1/traces?tenant=a`).
 fn traces_url(base: &str) -> String {
-    format!("{}/v1/traces", base.trim_end_matches('/'))
+    let (before_query, query) = match base.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (base, None),
+    };
+    let mut url = format!("{}/v1/traces", before_query.trim_end_matches('/'));
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
+}
+
+/// Export requests a retryable answer is sent again at most.
+const EXPORT_RETRIES: u32 = 3;
+/// The first backoff before a retry without `Retry-After`; each next one doubles.
+const RETRY_BACKOFF: Duration = Duration::from_millis(250);
+/// The longest wait before a retry, whatever `Retry-After` asks: the end of the run waits
+/// [`FLUSH_TIMEOUT`] at most for all of the export.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
+
+/// `Retry-After` in seconds (the form collectors send).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
+/// The traces URL as warnings show it: without a query, which may hold a token.
+fn shown_url(url: &str) -> String {
+    match url.split_once('?') {
+        Some((before, _)) => format!("{before}?…"),
+        None => url.to_owned(),
+    }
+}
+
+/// `url` with a user and password in it replaced by `…`, to be shown.
+fn without_credentials(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            let _ = parsed.set_username("…");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// What the export did, for the console.
@@ -357,8 +419,9 @@ impl SpanExporter {
         }
     }
 
-    /// Sends what is left and waits up to [`FLUSH_TIMEOUT`] for the sender.
-    pub fn finish(mut self) -> ExportSummary {
+    /// Sends what is left and waits up to [`FLUSH_TIMEOUT`] for the sender, or until
+    /// `cut_short` says to stop waiting (a signal after the results were written).
+    pub fn finish(mut self, cut_short: &dyn Fn() -> bool) -> ExportSummary {
         let deadline = *self
             .deadline
             .get_or_insert_with(|| std::time::Instant::now() + FLUSH_TIMEOUT);
@@ -372,7 +435,7 @@ impl SpanExporter {
                 ..ExportSummary::default()
             };
         };
-        while !sender.is_finished() && std::time::Instant::now() < deadline {
+        while !sender.is_finished() && std::time::Instant::now() < deadline && !cut_short() {
             std::thread::sleep(Duration::from_millis(10));
         }
         let failure = if sender.is_finished() {
@@ -389,8 +452,9 @@ impl SpanExporter {
         let unconfirmed = self.queued.saturating_sub(sent + failed);
         if unconfirmed > 0 {
             (self.warn)(&format!(
-                "OTLP export: the collector did not confirm {unconfirmed} spans within 5s; \
-                 the run does not wait for them"
+                "OTLP export: the collector did not confirm {unconfirmed} spans within {}s; \
+                 the run does not wait for them",
+                FLUSH_TIMEOUT.as_secs()
             ));
         }
         ExportSummary {
@@ -862,30 +926,59 @@ impl SendLoop {
                 }],
             };
             let body = request.encode_to_vec();
-            let body = if self.config.gzip {
+            // Shared, not copied, by each try.
+            let body = bytes::Bytes::from(if self.config.gzip {
                 gzipped(&body)
             } else {
                 body
-            };
-            let outcome = runtime.block_on(async {
-                let mut post = client
-                    .post(&self.config.url)
-                    .header("content-type", "application/x-protobuf")
-                    .timeout(self.config.timeout)
-                    .body(body);
-                if self.config.gzip {
-                    post = post.header("content-encoding", "gzip");
-                }
-                for (k, v) in &self.config.headers {
-                    post = post.header(k, v);
-                }
-                post.send().await
             });
-            let failure = match outcome {
-                Ok(response) if response.status().is_success() => None,
-                Ok(response) => Some(format!("the collector answered {}", response.status())),
-                Err(e) => Some(format!("cannot reach the collector: {}", error_chain(&e))),
-            };
+            let failure = runtime.block_on(async {
+                // The OTLP specification's retries: 429, 502, 503 and 504 are sent again
+                // after a backoff (the collector's `Retry-After`, when it gives one), a few
+                // times; another answer or a failure to connect is not.
+                let mut attempt = 0u32;
+                loop {
+                    let mut post = client
+                        .post(&self.config.url)
+                        .header("content-type", "application/x-protobuf")
+                        .timeout(self.config.timeout)
+                        .body(body.clone());
+                    if self.config.gzip {
+                        post = post.header("content-encoding", "gzip");
+                    }
+                    for (k, v) in &self.config.headers {
+                        post = post.header(k, v);
+                    }
+                    let why = match post.send().await {
+                        Ok(response) if response.status().is_success() => return None,
+                        Ok(response) => {
+                            let status = response.status();
+                            let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
+                            if retryable && attempt < EXPORT_RETRIES {
+                                let wait = retry_after(response.headers())
+                                    .unwrap_or(RETRY_BACKOFF * 2u32.pow(attempt))
+                                    .min(MAX_RETRY_WAIT);
+                                attempt += 1;
+                                tokio::time::sleep(wait).await;
+                                continue;
+                            }
+                            let tries = if attempt > 0 {
+                                format!(" ({} tries)", attempt + 1)
+                            } else {
+                                String::new()
+                            };
+                            format!("the collector answered {status}{tries}")
+                        }
+                        Err(e) if e.is_timeout() => format!(
+                            "the collector did not answer within {} ms \
+                             (OTEL_EXPORTER_OTLP_TIMEOUT)",
+                            self.config.timeout.as_millis()
+                        ),
+                        Err(e) => format!("cannot reach the collector: {}", error_chain(&e)),
+                    };
+                    return Some(why);
+                }
+            });
             match failure {
                 None => {
                     self.progress.sent.fetch_add(n, Ordering::Relaxed);
@@ -895,7 +988,7 @@ impl SendLoop {
                     if first_failure.is_none() {
                         (self.warn)(&format!(
                             "OTLP export to {} failed ({why}); the run goes on, its spans are dropped",
-                            self.config.url
+                            shown_url(&self.config.url)
                         ));
                         first_failure = Some(why);
                     }
@@ -1020,6 +1113,34 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    /// `/v1/traces` goes on the path, before a query; a user and password in the URL are
+    /// refused without being shown (they were printed in warnings, and never sent).
+    #[test]
+    fn the_endpoints_path_query_and_credentials() {
+        let url = |base: &str| {
+            ExportConfig::resolve(Some(base), env(&[]))
+                .map(|c| c.map(|c| c.url))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            url("http://c:4318/otlp/?tenant=a"),
+            Ok(Some("http://c:4318/otlp/v1/traces?tenant=a".to_owned()))
+        );
+        assert_eq!(url("https://c"), Ok(Some("https://c/v1/traces".to_owned())));
+        let refused = url("http://admin:s3cr3t@127.0.0.1:4318/").unwrap_err();
+        assert!(refused.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{refused}");
+        assert!(
+            !refused.contains("s3cr3t") && !refused.contains("admin"),
+            "{refused}"
+        );
+        let refused = url("ftp://admin:s3cr3t@h/").unwrap_err();
+        assert!(!refused.contains("s3cr3t"), "{refused}");
+        assert_eq!(
+            shown_url("http://c/v1/traces?token=x"),
+            "http://c/v1/traces?…"
+        );
     }
 
     #[test]
