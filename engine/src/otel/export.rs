@@ -274,10 +274,11 @@ fn without_credentials(url: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExportSummary {
     pub sent: u64,
-    /// Spans dropped: the queue was full, or their request failed.
+    /// Spans dropped: the queue was full, their request failed, or they were still queued
+    /// when the export stopped waiting.
     pub dropped: u64,
-    /// Spans queued or in flight when the export stopped waiting for a collector that had
-    /// not answered: it may or may not have them.
+    /// Spans in a request the collector had not answered when the export stopped waiting:
+    /// it may or may not have them. (Those still queued behind it are `dropped`.)
     pub unconfirmed: u64,
     /// The first failure, as the warning says it.
     pub failure: Option<String>,
@@ -447,19 +448,33 @@ impl SpanExporter {
             Some("not confirmed in time".to_owned())
         };
         // The counts are the thread's, read as it left them: all of them once it ended.
+        // Read `started` last: a request begun after `sent` was read is counted not sent
+        // rather than twice.
         let sent = self.progress.sent.load(Ordering::Relaxed);
         let failed = self.progress.dropped.load(Ordering::Relaxed);
-        let unconfirmed = self.queued.saturating_sub(sent + failed);
-        if unconfirmed > 0 {
+        let started = self
+            .progress
+            .started
+            .load(Ordering::Relaxed)
+            .max(sent + failed);
+        // In a request the collector has not answered: it may or may not have them. Those
+        // still queued behind it never left the process: dropped.
+        let unconfirmed = started - sent - failed;
+        let never_sent = self.queued.saturating_sub(started);
+        if unconfirmed + never_sent > 0 {
+            let queued = if never_sent > 0 {
+                format!(", and {never_sent} more were still queued behind them")
+            } else {
+                String::new()
+            };
             (self.warn)(&format!(
-                "OTLP export: the collector did not confirm {unconfirmed} spans within {}s; \
-                 the run does not wait for them",
-                FLUSH_TIMEOUT.as_secs()
+                "OTLP export: the collector did not confirm {unconfirmed} spans in time{queued}; \
+                 the run does not wait for them"
             ));
         }
         ExportSummary {
             sent,
-            dropped: self.dropped + failed,
+            dropped: self.dropped + failed + never_sent,
             unconfirmed,
             failure,
         }
@@ -864,6 +879,8 @@ impl SpanExporter {
 /// Spans the sender thread has sent or dropped so far.
 #[derive(Default)]
 struct Progress {
+    /// Spans whose request was started (the first try).
+    started: AtomicU64,
     sent: AtomicU64,
     dropped: AtomicU64,
 }
@@ -881,6 +898,7 @@ impl SendLoop {
     fn run(self, batches: Receiver<Vec<Span>>) -> Option<String> {
         let drop_all = |batches: Receiver<Vec<Span>>| {
             let n = batches.iter().map(|b| b.len() as u64).sum();
+            self.progress.started.fetch_add(n, Ordering::Relaxed);
             self.progress.dropped.fetch_add(n, Ordering::Relaxed);
         };
         let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -910,6 +928,7 @@ impl SendLoop {
         let mut first_failure = None;
         for batch in batches {
             let n = batch.len() as u64;
+            self.progress.started.fetch_add(n, Ordering::Relaxed);
             let request = ExportTraceServiceRequest {
                 resource_spans: vec![ResourceSpans {
                     resource: Some(self.resource.clone()),
