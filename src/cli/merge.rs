@@ -559,7 +559,39 @@ fn check_same(
                 plan.scenarios.len()
             )
         };
-        let balance = if first.balance == plan.balance {
+        // The same scenarios in another order: suite files given in another order (a glob
+        // expanded under another locale), which changes how the split breaks ties.
+        let names = |p: &ShardPlan| -> Vec<(String, String)> {
+            p.scenarios
+                .iter()
+                .map(|s| (s.info.suite.clone(), s.info.scenario.clone()))
+                .collect()
+        };
+        let (first_names, names_here) = (names(first), names(plan));
+        let reordered = first_names != names_here && {
+            let (mut x, mut y) = (first_names.clone(), names_here.clone());
+            x.sort_unstable();
+            y.sort_unstable();
+            x == y
+        };
+        let balance = if reordered {
+            let suites = |names: &[(String, String)]| {
+                let mut order: Vec<&str> = Vec::new();
+                for (suite, _) in names {
+                    if !order.contains(&suite.as_str()) {
+                        order.push(suite);
+                    }
+                }
+                order.join(", ")
+            };
+            format!(
+                "they loaded the same suites in another order ({} in {a}; {} in {b}): give \
+                 every shard the same paths in the same order, or a directory, whose files \
+                 are loaded sorted",
+                suites(&first_names),
+                suites(&names_here)
+            )
+        } else if first.balance == plan.balance {
             "another selection (--filter, --tag) or other dataset rows".to_owned()
         } else {
             format!("{a} was balanced by {} and {b} by {}", by(first), by(plan))

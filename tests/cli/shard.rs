@@ -989,6 +989,48 @@ async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
         "split the plan differently",
     );
 
+    // The same suite files given in another order (a glob under another locale): named as
+    // such, not as another selection.
+    let ordered = tmp.path().join("ordered");
+    std::fs::create_dir_all(&ordered).unwrap();
+    std::fs::write(ordered.join("x.kdl"), SMALL).unwrap();
+    std::fs::write(
+        ordered.join("y.kdl"),
+        "scenario \"four\" {\n    agent \"demo\"\n    user \"Hi\"\n}\n\
+         scenario \"five\" {\n    agent \"demo\"\n    user \"Hello\"\n}\n",
+    )
+    .unwrap();
+    let in_order = |files: [&str; 2], shard: &'static str, out: PathBuf| {
+        let mut command = trellis();
+        command
+            .arg("run")
+            .args(files.map(|f| ordered.join(f)))
+            .args([
+                "--shard",
+                shard,
+                "--quiet",
+                "--shard-costs",
+                "none",
+                "--out",
+            ])
+            .arg(out);
+        command.output()
+    };
+    let xy = tmp.path().join("xy");
+    let yx = tmp.path().join("yx");
+    let o = in_order(["x.kdl", "y.kdl"], "1/2", xy.clone())
+        .await
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", said(&o));
+    let o = in_order(["y.kdl", "x.kdl"], "2/2", yx.clone())
+        .await
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", said(&o));
+    refused(
+        &merge(vec![xy, yx]).await,
+        "they loaded the same suites in another order (x, y in",
+    );
+
     // Another verdict policy: a skipped check fails only the strict shard's trajectories.
     let strict = tmp.path().join("strict");
     let o = run_shard(
