@@ -891,7 +891,8 @@ pub fn execute_plan(
                 E::BadHeader { .. }
                 | E::BadTimeout { .. }
                 | E::BadCompression { .. }
-                | E::Credentials(_) => e.to_string(),
+                | E::Credentials(_)
+                | E::BadResource { .. } => e.to_string(),
             }
         })?
     };

@@ -52,8 +52,12 @@ pub struct ExportConfig {
     /// Extra request headers (`OTEL_EXPORTER_OTLP_HEADERS`: `key=value,…`).
     pub headers: Vec<(String, String)>,
     pub timeout: Duration,
-    /// `service.name` (`OTEL_SERVICE_NAME`, default `trellis`).
+    /// `service.name` (`OTEL_SERVICE_NAME`, else `OTEL_RESOURCE_ATTRIBUTES`'s, default
+    /// `trellis`).
     pub service: String,
+    /// The other resource attributes (`OTEL_RESOURCE_ATTRIBUTES`: `key=value,…`,
+    /// percent-encoded), such as `deployment.environment`.
+    pub resource: Vec<(String, String)>,
     /// Bodies sent gzip-compressed (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`).
     pub gzip: bool,
 }
@@ -73,8 +77,12 @@ pub enum ExportConfigError {
         "{var}: {entry} is not `key=value` with a header name and value HTTP can carry (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D, and percent escapes must spell UTF-8)"
     )]
     BadHeader { var: &'static str, entry: String },
-    #[error("{var}={value} is not a whole number of milliseconds")]
+    #[error("{var}={value} is not a whole number of milliseconds above 0")]
     BadTimeout { var: &'static str, value: String },
+    #[error(
+        "OTEL_RESOURCE_ATTRIBUTES={value} is not `key=value` entries separated by commas (percent-encoded)"
+    )]
+    BadResource { value: String },
     #[error(
         "OTLP endpoint `{0}` holds a user or password, which is not sent that way: give them as a header, OTEL_EXPORTER_OTLP_HEADERS=Authorization=Basic%20<base64 of user:password>"
     )]
@@ -95,7 +103,8 @@ impl ExportConfig {
                 .filter(|v| !v.is_empty())
         };
         if flag.is_none()
-            && env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            && (env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+                || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none")))
         {
             return Ok(None);
         }
@@ -150,17 +159,34 @@ impl ExportConfig {
             "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
             "OTEL_EXPORTER_OTLP_TIMEOUT",
         ]) {
+            // 0 would make every request time out at once.
             Some((var, value)) => value
                 .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms > 0)
                 .map(Duration::from_millis)
-                .map_err(|_| ExportConfigError::BadTimeout { var, value })?,
+                .ok_or(ExportConfigError::BadTimeout { var, value })?,
             None => DEFAULT_TIMEOUT,
         };
+        let mut resource = match env("OTEL_RESOURCE_ATTRIBUTES") {
+            Some(value) => parse_headers("OTEL_RESOURCE_ATTRIBUTES", &value)
+                .map_err(|_| ExportConfigError::BadResource { value })?,
+            None => Vec::new(),
+        };
+        // `OTEL_SERVICE_NAME` wins over a `service.name` among the attributes, as the
+        // specification says.
+        let from_attributes = resource
+            .iter()
+            .position(|(k, _)| k == "service.name")
+            .map(|at| resource.remove(at).1);
         Ok(Some(ExportConfig {
             url,
             headers,
             timeout,
-            service: env("OTEL_SERVICE_NAME").unwrap_or_else(|| "trellis".to_owned()),
+            service: env("OTEL_SERVICE_NAME")
+                .or(from_attributes)
+                .unwrap_or_else(|| "trellis".to_owned()),
+            resource,
             gzip,
         }))
     }
@@ -334,11 +360,19 @@ impl SpanExporter {
         warn: Arc<dyn Fn(&str) + Send + Sync>,
     ) -> Self {
         let (queue, batches) = sync_channel::<Vec<Span>>(QUEUE_BATCHES);
+        let mut attributes = vec![
+            text("service.name", &config.service),
+            text("service.version", env!("CARGO_PKG_VERSION")),
+        ];
+        attributes.extend(
+            config
+                .resource
+                .iter()
+                .filter(|(k, _)| k != "service.version")
+                .map(|(k, v)| text(k, v)),
+        );
         let resource = Resource {
-            attributes: vec![
-                text("service.name", &config.service),
-                text("service.version", env!("CARGO_PKG_VERSION")),
-            ],
+            attributes,
             ..Resource::default()
         };
         let progress = Arc::new(Progress::default());
@@ -1132,6 +1166,54 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    /// `OTEL_RESOURCE_ATTRIBUTES` reaches the resource (its `service.name` when
+    /// `OTEL_SERVICE_NAME` does not say), `OTEL_TRACES_EXPORTER=none` turns the variables off,
+    /// and a timeout of 0 is refused rather than timing every request out.
+    #[test]
+    fn resource_attributes_the_exporter_switch_and_a_zero_timeout() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        let config = ExportConfig::resolve(
+            None,
+            env(&[
+                base,
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "service.name=evals,deployment.environment=ci%20main",
+                ),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(config.service, "evals");
+        assert_eq!(
+            config.resource,
+            [("deployment.environment".to_owned(), "ci main".to_owned())]
+        );
+        let named = ExportConfig::resolve(
+            None,
+            env(&[
+                base,
+                ("OTEL_RESOURCE_ATTRIBUTES", "service.name=evals"),
+                ("OTEL_SERVICE_NAME", "mine"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(named.service, "mine");
+        assert_eq!(
+            ExportConfig::resolve(None, env(&[base, ("OTEL_TRACES_EXPORTER", "none")])),
+            Ok(None)
+        );
+        assert!(matches!(
+            ExportConfig::resolve(None, env(&[base, ("OTEL_EXPORTER_OTLP_TIMEOUT", "0")])),
+            Err(ExportConfigError::BadTimeout { .. })
+        ));
+        assert!(matches!(
+            ExportConfig::resolve(None, env(&[base, ("OTEL_RESOURCE_ATTRIBUTES", "novalue")])),
+            Err(ExportConfigError::BadResource { .. })
+        ));
     }
 
     /// `/v1/traces` goes on the path, before a query; a user and password in the URL are
