@@ -687,6 +687,59 @@ async fn an_unusable_judge_answer_is_not_kept_in_the_response_cache() {
     assert_eq!(fake.calls(), sent);
 }
 
+/// A judge whose words say the opposite of its score (`{"score": 0.9, "passed": false}`)
+/// gives no verdict: the check is `error` (`unusable_answer`), not passed by the score.
+#[tokio::test]
+async fn a_judge_whose_words_contradict_its_score_gives_no_verdict() {
+    for (answer, status, detail) in [
+        (
+            r#"{"score": 0.9, "passed": false, "justification": "no"}"#,
+            "error",
+            "but it said `passed: false`",
+        ),
+        (
+            r#"{"score": 0.95, "label": "fail", "justification": "failed completely"}"#,
+            "error",
+            "but it said the label `fail`",
+        ),
+        (
+            r#"{"score": 0.9, "verdict": "pass", "label": "fail"}"#,
+            "error",
+            "two verdicts that disagree",
+        ),
+        (
+            r#"{"score": 0.9, "label": "pass", "justification": "polite"}"#,
+            "passed",
+            "score 0.90 >= 0.50",
+        ),
+    ] {
+        let fake = FakeLlm::start(vec![Rule::when("WORDS-CHECK", [Reply::text(answer)])]).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = one_judged_check(dir.path(), &fake.base_url(), "WORDS-CHECK");
+        let out = dir.path().join("out");
+        run(&path, &out, &[]).await;
+        let c = read_parquet(&out.join("criteria.parquet"));
+        let at = strings(&c, "kind")
+            .iter()
+            .position(|k| k.as_deref() == Some("judge"))
+            .unwrap_or_else(|| panic!("{c}"));
+        assert_eq!(
+            strings(&c, "status")[at].as_deref(),
+            Some(status),
+            "{answer}: {c}"
+        );
+        let said = strings(&c, "detail")[at].clone().unwrap_or_default();
+        assert!(said.contains(detail), "{answer}: {said}");
+        if status == "error" {
+            assert_eq!(
+                strings(&c, "judge_error_category")[at].as_deref(),
+                Some("unusable_answer"),
+                "{answer}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     let fake = FakeLlm::start(vec![Rule::when(

@@ -481,6 +481,117 @@ pub struct Answer {
     pub label: Option<String>,
     pub justification: Option<String>,
     pub metrics: Vec<MetricScore>,
+    /// A verdict the judge wrote beside its score (`"passed": false`, `"verdict": "fail"`, a
+    /// label `fail`): the score decides against the threshold, and one that contradicts
+    /// this makes the answer unusable ([`Stated::contradicts`]).
+    pub stated: Option<Stated>,
+}
+
+/// A pass or fail a judge wrote in words beside its score, and how it wrote it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stated {
+    pub passed: bool,
+    /// `` `passed: false` ``, `` `verdict: "fail"` ``, `` the label `fail` ``.
+    pub said: String,
+}
+
+impl Stated {
+    /// Why an answer whose `score` `passed` (or not) against its threshold is unusable:
+    /// what the judge wrote says the other, and its score is on the other side of the
+    /// middle too (`{"score": 0.9, "passed": false}` at a threshold of 0.7 passed). The
+    /// judge is not told the threshold, so a label `pass` on 0.6 against 0.7 is its own
+    /// scale, not a contradiction: the threshold decides, as before.
+    pub fn contradicts(
+        &self,
+        score: f64,
+        passed: bool,
+        score_said: &str,
+        text: &str,
+    ) -> Option<Garbage> {
+        (self.passed != passed && self.passed != (score >= 0.5)).then(|| {
+            garbage(
+                &format!(
+                    "its score {score_said} {}, but it said {}: which it meant is not for \
+                     Trellis to guess",
+                    if passed { "passes" } else { "fails" },
+                    self.said
+                ),
+                text,
+            )
+        })
+    }
+}
+
+/// What a word a judge wrote as its verdict or label says, when it says pass or fail.
+fn verdict_word(word: &str) -> Option<bool> {
+    match word.trim().to_ascii_lowercase().as_str() {
+        "pass" | "passed" | "passes" | "holds" | "yes" | "true" | "success" => Some(true),
+        "fail" | "failed" | "fails" | "does not hold" | "doesn't hold" | "no" | "false"
+        | "failure" => Some(false),
+        _ => None,
+    }
+}
+
+/// The verdicts an answer states in words: `passed`/`pass` booleans, a `verdict` or
+/// `result` of pass or fail, a label that is exactly pass or fail; from a JSON object, else
+/// from `passed:`/`verdict:` lines. `Err` when they disagree among themselves.
+fn stated_verdict(
+    object: Option<&Map<String, Value>>,
+    text: &str,
+) -> Result<Option<Stated>, Garbage> {
+    let mut stated: Vec<Stated> = Vec::new();
+    match object {
+        Some(o) => {
+            for key in ["passed", "pass"] {
+                if let Some(Value::Bool(b)) = o.get(key) {
+                    stated.push(Stated {
+                        passed: *b,
+                        said: format!("`{key}: {b}`"),
+                    });
+                }
+            }
+            for key in ["verdict", "result", "label"] {
+                if let Some(word) = o.get(key).and_then(Value::as_str)
+                    && let Some(passed) = verdict_word(word)
+                {
+                    stated.push(Stated {
+                        passed,
+                        said: if key == "label" {
+                            format!("the label `{word}`")
+                        } else {
+                            format!("`{key}: \"{word}\"`")
+                        },
+                    });
+                }
+            }
+        }
+        None => {
+            let lines = key_lines(text);
+            for key in ["passed", "verdict", "label"] {
+                if let Some(word) = lines.get(key)
+                    && let Some(passed) = verdict_word(word)
+                {
+                    stated.push(Stated {
+                        passed,
+                        said: format!("`{key}: {word}`"),
+                    });
+                }
+            }
+        }
+    }
+    match stated.split_first() {
+        None => Ok(None),
+        Some((first, rest)) => match rest.iter().find(|s| s.passed != first.passed) {
+            Some(other) => Err(garbage(
+                &format!(
+                    "two verdicts that disagree ({} and {})",
+                    first.said, other.said
+                ),
+                text,
+            )),
+            None => Ok(Some(first.clone())),
+        },
+    }
 }
 
 /// Why an answer is not usable.
@@ -544,11 +655,26 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     text,
                 ));
             }
+            // A label or verdict in words beside `passed` that says the other: which the
+            // judge meant is not for the parser to guess (`label` is recorded as the
+            // judge's, so it must not say the opposite of the verdict recorded).
+            if let Some(said) = stated_verdict(object.as_ref(), text)?
+                && said.passed != passed
+            {
+                return Err(garbage(
+                    &format!(
+                        "two verdicts that disagree (`passed: {passed}` and {})",
+                        said.said
+                    ),
+                    text,
+                ));
+            }
             Ok(Answer {
                 score: if passed { 1.0 } else { 0.0 },
                 label: Some(if passed { "holds" } else { "does not hold" }.to_owned()),
                 justification,
                 metrics: Vec::new(),
+                stated: None,
             })
         }
         Rubric::Connexity => {
@@ -585,6 +711,7 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 label: None,
                 justification: string(&o, "justification"),
                 metrics: scores,
+                stated: None,
             })
         }
         Rubric::Named(..) | Rubric::Custom(_) => {
@@ -630,6 +757,7 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 label,
                 justification,
                 metrics: Vec::new(),
+                stated: stated_verdict(object.as_ref(), text)?,
             })
         }
     }
@@ -837,6 +965,58 @@ pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Words against the score count only when they are on the other side of the middle
+    /// too: the judge is not told the threshold, so `pass` on 0.6 against 0.7 is its scale.
+    #[test]
+    fn a_stated_verdict_contradicts_only_against_both_the_threshold_and_the_middle() {
+        let stated = |passed| Stated {
+            passed,
+            said: "x".to_owned(),
+        };
+        // score 0.9 passes 0.7; "fail" contradicts.
+        assert!(
+            stated(false)
+                .contradicts(0.9, true, "0.90 >= 0.70", "t")
+                .is_some()
+        );
+        // score 0.6 fails 0.7; "pass" is the judge's own scale.
+        assert!(
+            stated(true)
+                .contradicts(0.6, false, "0.60 < 0.70", "t")
+                .is_none()
+        );
+        // score 0.1 fails; "pass" contradicts.
+        assert!(
+            stated(true)
+                .contradicts(0.1, false, "0.10 < 0.70", "t")
+                .is_some()
+        );
+        // Agreeing words never do.
+        assert!(
+            stated(true)
+                .contradicts(0.9, true, "0.90 >= 0.70", "t")
+                .is_none()
+        );
+        let generic = Rubric::from_setting(None);
+        let answer = parse_answer(&generic, r#"{"score": 0.9, "passed": false}"#).unwrap();
+        assert_eq!(answer.stated.map(|s| s.passed), Some(false));
+        assert!(
+            parse_answer(
+                &generic,
+                r#"{"score": 0.9, "pass": true, "verdict": "fail"}"#
+            )
+            .is_err()
+        );
+        assert!(
+            parse_answer(
+                &Rubric::Outcome,
+                r#"{"passed": true, "label": "does not hold", "justification": "no"}"#
+            )
+            .is_err()
+        );
+        assert!(parse_answer(&Rubric::Outcome, r#"{"passed": true, "label": "holds"}"#).is_ok());
+    }
     use crate::record::ToolCallRecord;
 
     /// `check` calls a near miss of these names an error; they must be exactly the

@@ -457,6 +457,16 @@ impl LlmRuntime {
             Ok(answer) => {
                 let passed = answer.score >= threshold;
                 let (shown, against) = score_and_threshold(answer.score, threshold);
+                let score_said = format!("{shown} {} {against}", if passed { ">=" } else { "<" });
+                if let Some(garbage) = answer.stated.as_ref().and_then(|s| {
+                    s.contradicts(answer.score, passed, &score_said, &completion.text)
+                }) {
+                    self.cache
+                        .forget(resolved.client, &request, task.repetition)
+                        .await;
+                    verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
+                    return (CriterionStatus::Error, garbage.to_string(), Some(verdict));
+                }
                 let detail = format!(
                     "score {shown} {} {against}{}",
                     if passed { ">=" } else { "<" },
