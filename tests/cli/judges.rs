@@ -740,6 +740,35 @@ async fn a_judge_whose_words_contradict_its_score_gives_no_verdict() {
     }
 }
 
+/// The response cache is keyed by where the request goes too: a provider pointed at another
+/// server (a bigger model under the same provider id and model name) is asked, not answered
+/// with the first server's cached verdicts.
+#[tokio::test]
+async fn a_provider_pointed_at_another_server_is_not_answered_from_the_cache() {
+    let answer = r#"{"score": 1.0, "justification": "polite"}"#;
+    let first = FakeLlm::start(vec![Rule::when("MOVED-CHECK", [Reply::text(answer)])]).await;
+    let second = FakeLlm::start(vec![Rule::when("MOVED-CHECK", [Reply::text(answer)])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cache_arg = ["--llm-cache", cache.to_str().unwrap()];
+    let path = one_judged_check(dir.path(), &first.base_url(), "MOVED-CHECK");
+    let o = run(&path, &dir.path().join("first"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(first.calls(), 1);
+    // The same suite again: answered from the cache.
+    let o = run(&path, &dir.path().join("again"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(first.calls(), 1);
+    let path = one_judged_check(dir.path(), &second.base_url(), "MOVED-CHECK");
+    let o = run(&path, &dir.path().join("moved"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        second.calls(),
+        1,
+        "the moved provider was answered from the cache"
+    );
+}
+
 #[tokio::test]
 async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     let fake = FakeLlm::start(vec![Rule::when(

@@ -133,8 +133,21 @@ impl LlmCache {
         repetition: u32,
     ) -> Option<(Value, String)> {
         let wire = client.resolved(request)?;
+        // Where the request goes is part of it: a provider pointed at another server (a
+        // bigger local model under the same id and model name) replayed the old server's
+        // answers. Without the query (a key may be in it; entries hold the canonical
+        // request) or a user and password.
+        let url = client.url();
+        let endpoint = format!(
+            "{}://{}{}{}",
+            url.scheme(),
+            url.host_str().unwrap_or_default(),
+            url.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            url.path()
+        );
         let mut fields = json!({
-            "version": 1,
+            "version": 2,
+            "endpoint": endpoint,
             "provider": client.id(),
             "kind": client.kind().as_str(),
             "model": wire.model,
