@@ -122,14 +122,37 @@ pub fn cohen_kappa<S: AsRef<str>>(pairs: &[(S, S)]) -> Figure {
     let cols: Vec<f64> = (0..k)
         .map(|j| p.iter().filter_map(|row| row.get(j)).sum())
         .collect();
-    let observed: f64 = (0..k).filter_map(|i| p.get(i)?.get(i)).sum();
     let chance: f64 = rows.iter().zip(&cols).map(|(r, c)| r * c).sum();
     if 1.0 - chance < 1e-12 {
         return Figure::missing(
             "both raters used one and the same category for every item: kappa is undefined",
         );
     }
-    let kappa = (observed - chance) / (1.0 - chance);
+    // From the whole counts, one division: (n·agreed − Σ rowᵢ·colᵢ) / (n² − Σ rowᵢ·colᵢ).
+    // From the shares, p_o = 0.8 and p_e = 0.5 gave 0.5999999999999999, and a judge exactly
+    // at the default floor of 0.6 was marked below it.
+    let mut counts = vec![vec![0u64; k]; k];
+    for (a, b) in pairs {
+        if let (Some(&i), Some(&j)) = (index.get(a.as_ref()), index.get(b.as_ref()))
+            && let Some(cell) = counts.get_mut(i).and_then(|row| row.get_mut(j))
+        {
+            *cell += 1;
+        }
+    }
+    let total = pairs.len() as u128;
+    let agreed: u128 = (0..k)
+        .filter_map(|i| counts.get(i)?.get(i))
+        .map(|&c| u128::from(c))
+        .sum();
+    let by_chance: u128 = (0..k)
+        .map(|i| {
+            let row: u128 = counts[i].iter().map(|&c| u128::from(c)).sum();
+            let col: u128 = counts.iter().map(|r| u128::from(r[i])).sum();
+            row * col
+        })
+        .sum();
+    let kappa = (total * agreed) as f64 - by_chance as f64;
+    let kappa = kappa / ((total * total) as f64 - by_chance as f64);
     let spare = 1.0 - kappa;
     let mut diagonal = 0.0;
     let mut off_diagonal = 0.0;
@@ -293,6 +316,19 @@ mod tests {
             .iter()
             .flat_map(|&(a, b, count)| std::iter::repeat_n((a, b), count))
             .collect()
+    }
+
+    #[test]
+    fn a_kappa_of_exactly_the_floor_is_the_floor() {
+        // 10 items: p_o = 0.8, p_e = 0.5: kappa is 0.6, which the shares gave as
+        // 0.5999999999999999 (below the default floor of 0.6).
+        let p = pairs(&[
+            ("pass", "pass", 4),
+            ("pass", "fail", 1),
+            ("fail", "pass", 1),
+            ("fail", "fail", 4),
+        ]);
+        assert_eq!(cohen_kappa(&p).value, Some(0.6));
     }
 
     #[test]

@@ -630,6 +630,11 @@ pub fn calibrate(
     })
 }
 
+/// How far below a floor a figure may be and still meet it: a figure computed in floating
+/// point lands a last bit under the value it stands for (a Pearson r of exactly 0.6 read
+/// 0.5999999999999999, "below 0.6"), and the floors are written to a few decimals.
+const FLOOR_ROUNDING: f64 = 1e-9;
+
 fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<String>) {
     let mut below = Vec::new();
     let mut unchecked = Vec::new();
@@ -637,7 +642,7 @@ fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<Strin
     match kappa.value {
         Some(k) => {
             checked += 1;
-            if k < floors.min_kappa {
+            if k < floors.min_kappa - FLOOR_ROUNDING {
                 below.push(format!("kappa {k:.3} is below {}", floors.min_kappa));
             }
         }
@@ -650,7 +655,7 @@ fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<Strin
         match pearson.value {
             Some(r) => {
                 checked += 1;
-                if r < min {
+                if r < min - FLOOR_ROUNDING {
                     below.push(format!("Pearson r {r:.3} is below {min}"));
                 }
             }
@@ -738,6 +743,23 @@ pub fn untrusted_judges(dir: &Path) -> Result<Vec<UntrustedJudge>, CalibrationEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_figure_a_rounding_below_its_floor_meets_it() {
+        let figure = |v: f64| Figure {
+            value: Some(v),
+            ..Figure::default()
+        };
+        let floors = Floors {
+            min_kappa: 0.6,
+            min_correlation: Some(0.6),
+        };
+        let (trust_at, _) = trust(&figure(0.6), &figure(0.599_999_999_999_999_9), &floors);
+        assert_eq!(trust_at, Trust::Trusted);
+        let (trust_under, why) = trust(&figure(0.59), &figure(0.7), &floors);
+        assert_eq!(trust_under, Trust::BelowFloor);
+        assert_eq!(why, ["kappa 0.590 is below 0.6"]);
+    }
 
     fn check(trajectory: &str, judge: &str, status: &str, score: f64, label: &str) -> CheckRow {
         CheckRow {
