@@ -1140,6 +1140,16 @@ fn render_judged(
             if !only_instance {
                 return Ok(());
             }
+            // A null inside the text (`the agent answered {{ row.msg }}`) rendered as
+            // `none`, and the judge was asked about it: each expression is looked at (not
+            // in a `{% %}` block, whose loop variables are not the row's).
+            if !source.contains("{%") {
+                for expression in expressions(source) {
+                    if evaluate_value(env, expression, row, vars)? == Value::Null {
+                        return Err(format!("`{}` is null", expression.trim()));
+                    }
+                }
+            }
             let rendered = evaluate_value(env, source, row, vars)?;
             *source = match rendered {
                 Value::Null => return Err(format!("`{}` is null", source.trim())),
@@ -1196,6 +1206,20 @@ fn render_judged(
     }
     criteria(&mut sc.criteria, &text)?;
     steps(&mut sc.steps, &text)
+}
+
+/// Each `{{ … }}` of `source`, braces included, in order.
+fn expressions(source: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    let mut rest = source;
+    while let Some(start) = rest.find("{{") {
+        let Some(len) = rest[start..].find("}}") else {
+            break;
+        };
+        found.push(&rest[start..start + len + 2]);
+        rest = &rest[start + len + 2..];
+    }
+    found
 }
 
 /// `source` rendered with `row` and `vars`: a template that is one `{{ expression }}` gives

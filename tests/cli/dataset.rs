@@ -2410,3 +2410,42 @@ async fn clashing_row_ids_are_counted_and_runs_capped_over_every_instance() {
         "{err}"
     );
 }
+
+/// A null inside a judge statement's text (`the agent answered {{ row.msg }}`) is an error
+/// naming the row, as one that is the whole statement is (docs/language.md): it rendered
+/// `none`, and the judge was asked about it. A guarded read is not.
+#[tokio::test]
+async fn a_null_inside_a_judge_statement_is_an_error_naming_the_row() {
+    let suite = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         dataset \"rows\" path=\"rows.jsonl\"\n\
+         scenario \"s\" for-each=\"rows\" {\n    row-id \"{{ row.id }}\"\n    \
+         user \"hi\"\n    expect judge \"the agent answered {{ row.msg }}\"\n}\n";
+    let dir = project(
+        suite,
+        &[(
+            "rows.jsonl",
+            b"{\"id\":\"a\",\"msg\":\"hello\"}\n{\"id\":\"nul\",\"msg\":null}\n",
+        )],
+    );
+    let check = || async {
+        trellis()
+            .arg("check")
+            .arg(dir.path().join("suite.kdl"))
+            .output()
+            .await
+            .unwrap()
+    };
+    let o = check().await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(err.contains("`{{ row.msg }}` is null"), "{err}");
+    assert!(err.contains("nul"), "{err}");
+
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        suite.replace("{{ row.msg }}", "{{ row.msg or 'nothing' }}"),
+    )
+    .unwrap();
+    let o = check().await;
+    assert!(!flat(&stderr(&o)).contains("is null"), "{}", stderr(&o));
+}
