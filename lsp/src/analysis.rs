@@ -169,6 +169,9 @@ pub struct FileIndex {
     refs: BTreeMap<Key, Vec<Occurrence>>,
     /// `include "PATH"`s: the file each names (canonical) and where it is written.
     includes: Vec<(PathBuf, Occurrence)>,
+    /// The ids of the `panel`s it defines (in the judges' namespace with the judges): a
+    /// panel's `judges` lists judges only.
+    panels: std::collections::BTreeSet<String>,
     /// The file's suite name: its `suite "NAME"`, or its file stem.
     suite: String,
 }
@@ -260,6 +263,11 @@ impl Index {
     }
 
     /// The ids of one kind, with the first place each is defined.
+    /// Whether `id` is a panel's (not a judge's) in some file.
+    pub fn is_panel(&self, id: &str) -> bool {
+        self.files.iter().any(|(_, f)| f.panels.contains(id))
+    }
+
     pub fn ids(&self, kind: &str) -> Vec<(&str, &Occurrence)> {
         let mut first: BTreeMap<&str, &Occurrence> = BTreeMap::new();
         for (_, f) in &self.files {
@@ -310,6 +318,9 @@ impl FileIndex {
                 ));
             }
             if let Some(id) = node.arg(0).filter(|_| DECLARATIONS.contains(&spec.name)) {
+                if spec.name == "panel" {
+                    index.panels.insert(id.text.clone());
+                }
                 let key = if spec.name == "scenario" {
                     format!("{suite}/{}", id.text)
                 } else {

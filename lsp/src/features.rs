@@ -59,6 +59,33 @@ impl Server {
             }
             Place::Entry { node, chain } => {
                 let specs = analysis::specs_of(&chain, protocols);
+                // Right after `KEY=` (`=` triggers completion): the property's values,
+                // quoted; property names there made `protocol=url=`.
+                let key = view.text[..offset].strip_suffix('=').and_then(|before| {
+                    let key = before
+                        .rsplit(|c: char| c.is_whitespace() || matches!(c, '{' | ';' | '"'))
+                        .next()
+                        .unwrap_or_default();
+                    (!key.is_empty()).then_some(key)
+                });
+                if let Some(key) = key {
+                    if let (Some(spec), true) = (specs.last(), specs.len() == chain.len()) {
+                        let ty = analysis::property_names(node, spec, protocols)
+                            .into_iter()
+                            .find(|(name, _, _)| *name == key)
+                            .map(|(_, _, ty)| ty);
+                        let (_, index) = self.project_index(&path);
+                        items = value_items(&chain, key, spec.name, ty, &index, protocols, &path);
+                        for item in &mut items {
+                            // `#true` and `#false` are written bare.
+                            if !item.label.starts_with('#') {
+                                item.insert_text =
+                                    Some(format!("\"{}\"", syntax::escape(&item.label)));
+                            }
+                        }
+                    }
+                    return Ok(Some(CompletionResponse::Array(items)));
+                }
                 if let (Some(spec), true) = (specs.last(), specs.len() == chain.len()) {
                     let written: HashSet<&str> = node
                         .entries
@@ -108,7 +135,16 @@ impl Server {
                     if let (Some(spec), true) = (specs.last(), specs.len() == chain.len()) {
                         let ty = analysis::value_type(node, spec, value, protocols);
                         let (_, index) = self.project_index(&path);
-                        items = value_items(&chain, value, spec.name, ty, &index, protocols, &path);
+                        // The setting's name is its property's key, or the node's own name
+                        // for a setting written as a child node.
+                        let setting = node
+                            .entries
+                            .iter()
+                            .find(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))
+                            .and_then(|e| e.key.as_ref().map(|(k, _)| k.as_str()))
+                            .unwrap_or(spec.name);
+                        items =
+                            value_items(&chain, setting, spec.name, ty, &index, protocols, &path);
                         // The whole string's text is replaced: editors pick the word to
                         // replace by their own rules, which stop at `/` and `-`, and accepting
                         // `shared/agents.kdl` after `shared/ag` gave `shared/shared/agents.kdl`.
@@ -512,9 +548,11 @@ fn symbol(node: &Node, view: &FileView, depth: usize) -> Option<DocumentSymbol> 
 }
 
 /// Completions for a value of type `ty` (ids, enumerated words, protocols, builtins, files).
+/// The values offered for a setting (`setting`: a property's key, or the node's own name
+/// for an argument) of node `node_name`, the innermost of `chain`.
 fn value_items(
     chain: &[&Node],
-    value: &crate::syntax::Value,
+    setting: &str,
     node_name: &str,
     ty: Option<ValueType>,
     index: &Index,
@@ -528,9 +566,9 @@ fn value_items(
         ..Default::default()
     };
     let mut items = Vec::new();
-    let Some(node) = chain.last() else {
+    if chain.is_empty() {
         return items;
-    };
+    }
     match ty {
         Some(ValueType::Ref(kind)) => {
             // A scenario does not need itself (`needs` inside it names others).
@@ -546,6 +584,10 @@ fn value_items(
                 // Another suite's scenario is written `SUITE/ID`.
                 let id = index.written_in(&file, k, id);
                 if k == "scenario" && Some(id) == own_scenario {
+                    continue;
+                }
+                // A panel's members are judges, not panels (`check` refuses a panel there).
+                if node_name == "judges" && index.is_panel(id) {
                     continue;
                 }
                 items.push(word(id, k, CompletionItemKind::REFERENCE));
@@ -565,12 +607,7 @@ fn value_items(
     }
     // Values the table types as plain strings but the loader knows: the setting's name is
     // its property's key, or the node's own name for a setting written as a child node.
-    let setting = node
-        .entries
-        .iter()
-        .find(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))
-        .and_then(|e| e.key.as_ref().map(|(k, _)| k.as_str()))
-        .unwrap_or(node_name);
+
     // An agent declaration (a scenario's `agent "ID"` names one instead).
     if let Some(agent) = chain.first().filter(|n| n.name == "agent") {
         if setting == "protocol" {

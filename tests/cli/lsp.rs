@@ -837,6 +837,54 @@ fn completions_are_written_as_the_value_they_go_into_needs() {
     );
 }
 
+/// Completion right after `KEY=` (`=` is a trigger character) offers the property's values,
+/// quoted, not property names (accepting the first gave `protocol=url=`); a panel's `judges`
+/// offers judges, not panels (which `check` refuses there).
+#[test]
+fn completion_after_an_equals_sign_offers_values_and_a_panel_lists_judges() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let text = "agent \"a\" protocol=\n\
+                provider \"p\" kind=\"openai\" base-url=\"http://127.0.0.1:9/v1\" model=\"m\"\n\
+                judge \"j1\" provider=\"p\"\n\
+                judge \"j2\" provider=\"p\"\n\
+                panel \"q\" consensus=\"mean\" {\n    judges \"\"\n}\n";
+    std::fs::write(dir.path().join("main.kdl"), text).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "complete", "file": "main.kdl", "line": 0, "character": 20},
+        {"do": "complete", "file": "main.kdl", "line": 5, "character": 12},
+    ]);
+    let out = session(dir.path(), steps);
+    let labels = |n: usize| -> Vec<String> {
+        out[n]["labels"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{out:?}"))
+            .iter()
+            .filter_map(|l| l.as_str().map(str::to_owned))
+            .collect()
+    };
+    let after_equals = labels(2);
+    assert!(
+        after_equals.iter().any(|l| l == "connexity"),
+        "{after_equals:?}"
+    );
+    assert!(
+        !after_equals.iter().any(|l| l.ends_with('=')),
+        "{after_equals:?}"
+    );
+    assert_eq!(
+        out[2]["inserts"]["connexity"], "\"connexity\"",
+        "{}",
+        out[2]
+    );
+    let members = labels(3);
+    assert!(
+        members.contains(&"j1".to_owned()) && members.contains(&"j2".to_owned()),
+        "{members:?}"
+    );
+    assert!(!members.contains(&"q".to_owned()), "{members:?}");
+}
+
 /// A buffer the editor sent with its byte order mark gets its first line's diagnostics
 /// where the editor counts them (the mark is a column to it); a file on disk with a mark,
 /// which editors open without it, gets definitions where the editor shows them.

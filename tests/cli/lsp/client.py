@@ -107,8 +107,9 @@ async def main(binary, project, script):
                     edits[i.label] = {"text": e.new_text,
                                       "start": [e.range.start.line, e.range.start.character],
                                       "end": [e.range.end.line, e.range.end.character]}
+            inserts = {i.label: i.insert_text for i in items if i.insert_text is not None}
             print(json.dumps({"step": kind, "labels": [i.label for i in items],
-                              "edits": edits}), flush=True)
+                              "edits": edits, "inserts": inserts}), flush=True)
         elif kind == "hover":
             r = await client.text_document_hover_async(
                 t.HoverParams(text_document=ident, position=pos))
