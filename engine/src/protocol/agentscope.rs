@@ -485,8 +485,27 @@ impl Assembler {
         match status.as_deref() {
             Some("completed") => {
                 if let Some(Value::Array(output)) = event.remove("output") {
-                    for message in output {
+                    // Messages without an `id` (the runtime's model fills one in; agents
+                    // that write the response by hand leave it out) all merged into one, and
+                    // a `plugin_call` before the reply was lost: `no-tool` passed. Such an
+                    // `output[]` cannot be matched to the streamed messages, and it is the
+                    // whole answer: it replaces them, each message by its place.
+                    let anonymous = output.iter().any(|m| {
+                        m.get("id")
+                            .and_then(Value::as_str)
+                            .is_none_or(str::is_empty)
+                    });
+                    if anonymous {
+                        self.messages.clear();
+                    }
+                    for (place, message) in output.into_iter().enumerate() {
                         if let Value::Object(mut message) = message {
+                            if anonymous {
+                                message.insert(
+                                    "id".to_owned(),
+                                    Value::String(format!("\u{1}output-{place}")),
+                                );
+                            }
                             self.apply_message(&mut message);
                         }
                     }
@@ -1083,6 +1102,28 @@ mod tests {
         assert_eq!(a.messages[1].parts.len(), 2);
         assert_eq!(a.messages[1].parts[0]["image_url"], "http://x/y.png");
         assert_eq!(a.messages[1].parts[1]["data"]["k"], 1);
+    }
+
+    /// An `output[]` written by hand, without message ids: each message is its own, and the
+    /// tool call before the reply is read (all of them merged into one, and the call was
+    /// lost: `no-tool` passed). It replaces what was streamed.
+    #[test]
+    fn a_completed_output_without_message_ids_keeps_every_message() {
+        let (a, fault) = assemble(&[
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "s", "index": 0, "text": "streamed"}),
+            json!({"object": "response", "status": "completed", "output": [
+                {"type": "plugin_call", "role": "assistant", "content": [{"type": "data",
+                    "data": {"call_id": "k1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"type": "plugin_call_output", "role": "tool", "content": [{"type": "data",
+                    "data": {"call_id": "k1", "name": "get_weather", "output": "sunny"}}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "It is sunny."}]}
+            ]}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.tool_calls.len(), 1, "{:?}", a.tool_calls);
+        assert_eq!(a.tool_calls[0].name, "get_weather");
+        assert_eq!(a.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+        assert_eq!(a.reply.as_deref(), Some("It is sunny."));
     }
 
     #[test]
