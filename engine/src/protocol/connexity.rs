@@ -430,6 +430,9 @@ struct WireMessage {
     content: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<WireToolCall>>,
+    /// OpenAI's legacy function calling ([`legacy_role`]).
+    #[serde(default)]
+    function_call: Option<WireFunction>,
     #[serde(default)]
     tool_call_id: Option<String>,
     #[serde(default)]
@@ -455,8 +458,16 @@ struct WireFunction {
 
 impl WireMessage {
     fn into_message(self) -> ChatMessage {
+        let legacy = self.function_call.map(|f| ToolCall {
+            id: String::new(),
+            kind: "function".to_owned(),
+            function: ToolCallFunction {
+                name: f.name,
+                arguments: f.arguments.unwrap_or_else(|| "{}".to_owned()),
+            },
+        });
         ChatMessage {
-            role: self.role,
+            role: legacy_role(self.role),
             content: self.content,
             tool_calls: self
                 .tool_calls
@@ -470,6 +481,7 @@ impl WireMessage {
                         arguments: c.function.arguments.unwrap_or_else(|| "{}".to_owned()),
                     },
                 })
+                .chain(legacy)
                 .collect(),
             tool_call_id: self.tool_call_id,
             name: self.name,
@@ -507,7 +519,7 @@ fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {
             )));
         }
     };
-    let tool_calls = match m.remove("tool_calls") {
+    let mut tool_calls = match m.remove("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(calls)) => calls
             .into_iter()
@@ -521,14 +533,38 @@ fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {
             )));
         }
     };
+    if let Some(call) = m.remove("function_call").filter(|c| !c.is_null()) {
+        let wrapped = serde_json::json!({"type": "function", "function": call});
+        tool_calls.push(parse_tool_call(i, tool_calls.len(), wrapped).map_err(|f| {
+            Fault::new(
+                f.category,
+                f.message.replace(
+                    &format!("messages[{i}].tool_calls[{}].function", tool_calls.len()),
+                    &format!("messages[{i}].function_call"),
+                ),
+            )
+        })?);
+    }
     Ok(ChatMessage {
-        role,
+        role: legacy_role(role),
         content,
         tool_calls,
         tool_call_id: optional_string(m.remove("tool_call_id")),
         name: optional_string(m.remove("name")),
         parts: Vec::new(),
     })
+}
+
+/// OpenAI's legacy function calling, which agents on older SDKs still send: an assistant's
+/// `function_call` (read as one more tool call, without an id) and the `function` message
+/// answering it (a `tool` message, paired by name). Ignored, the call was not seen and
+/// `no-tool` passed. With `history "full"`, they are sent back in the current form.
+fn legacy_role(role: String) -> String {
+    if role == "function" {
+        "tool".to_owned()
+    } else {
+        role
+    }
 }
 
 fn parse_tool_call(i: usize, j: usize, call: Value) -> Result<ToolCall, Fault> {

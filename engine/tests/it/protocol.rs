@@ -753,6 +753,36 @@ fn a_reused_call_id_pairs_results_by_function_name() {
     assert_eq!(result("b").as_deref(), Some("from b"));
 }
 
+/// OpenAI's legacy function calling, which agents on older SDKs send: the assistant's
+/// `function_call` and the `function` message answering it are a tool call with its result,
+/// whichever way the body is parsed (string arguments take the fast path, object arguments
+/// the lenient one). Ignored, the call was not seen and `no-tool` passed.
+#[test]
+fn legacy_function_calls_are_tool_calls() {
+    for arguments in [r#""{\"city\": \"Paris\"}""#, r#"{"city": "Paris"}"#] {
+        let body = format!(
+            r#"{{"messages": [
+                {{"role": "assistant", "content": null, "function_call":
+                    {{"name": "get_weather", "arguments": {arguments}}}}},
+                {{"role": "function", "name": "get_weather", "content": "sunny"}},
+                {{"role": "assistant", "content": "It is sunny."}}
+            ]}}"#
+        );
+        let turn = trellis_engine::protocol::connexity::parse_response(body.as_bytes())
+            .unwrap_or_else(|f| panic!("{arguments}: {f:?}"));
+        assert_eq!(
+            turn.tool_calls.len(),
+            1,
+            "{arguments}: {:?}",
+            turn.tool_calls
+        );
+        assert_eq!(turn.tool_calls[0].name, "get_weather");
+        assert!(turn.tool_calls[0].arguments.contains("Paris"));
+        assert_eq!(turn.tool_calls[0].result.as_deref(), Some("sunny"));
+        assert_eq!(turn.reply.as_deref(), Some("It is sunny."));
+    }
+}
+
 /// A server that closes a kept-alive connection as a request arrives on it (as one that
 /// times out idle connections just then, or an agent that read the request and crashed):
 /// for an agent that tolerates a second sending (`retry-after-send`), the request goes
