@@ -319,14 +319,15 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     fail(format!("no call to `{name}`{}", describe_calls(&calls)))
                 }
                 None => fail(format!(
-                    "`{name}` was called, but not with {}; arguments seen: {}{}",
+                    "`{name}` was called, but not with {}; arguments seen: {}{}{}",
                     describe_params(params, rendered),
                     named
                         .iter()
                         .map(|c| c.arguments.as_str())
                         .collect::<Vec<_>>()
                         .join(", "),
-                    type_hint(params, rendered, &named)
+                    type_hint(params, rendered, &named),
+                    unreadable_arguments(&named)
                 )),
             };
             seen.mark(status, detail)
@@ -1040,6 +1041,26 @@ pub fn json_path_node(
         })
 }
 
+/// `; the arguments of … are not a JSON object (…)`, when a call's arguments could not be
+/// read, so no parameter of it can match: one value JSON numbers cannot hold (`1e400`) made
+/// every parameter check fail with only "not with f=0.1" to say why.
+fn unreadable_arguments(calls: &[&&ToolCallRecord]) -> String {
+    calls
+        .iter()
+        .find_map(|c| match serde_json::from_str::<Value>(&c.arguments) {
+            Ok(Value::Object(_)) => None,
+            Ok(other) => Some(format!(
+                "; the arguments of a call are {}, not a JSON object",
+                crate::transport::quote::kind_of(&other)
+            )),
+            Err(e) => Some(format!(
+                "; the arguments of a call are not a JSON object Trellis can read ({e}), so \
+                 none of its parameters can match"
+            )),
+        })
+        .unwrap_or_default()
+}
+
 /// Subset match of expected params against a call's JSON arguments, each by
 /// [`written_matches`] (a literal by JSON equality, a rendered template as text). `loose`
 /// (expect-tool):
@@ -1285,6 +1306,29 @@ mod tests {
         let r = check(&c, Scope::Turn, &turns, Some(0));
         assert_eq!(r.status, CriterionStatus::Failed);
         assert!(r.detail.unwrap().contains("not with amount=51"));
+    }
+
+    /// Arguments holding a number JSON cannot read (`1e400`) match no parameter, and the
+    /// detail says why instead of only "not with f=0.1".
+    #[test]
+    fn unreadable_arguments_are_named_in_the_failure() {
+        let turns = [turn(0, "ok", &[("t", r#"{"n": 1e400, "f": 0.1}"#)])];
+        let mut params = serde_json::Map::new();
+        params.insert("f".into(), serde_json::json!(0.1));
+        let c = crit(CriterionKind::Tool {
+            name: "t".into(),
+            params,
+            count: None,
+            loose: false,
+        });
+        let r = check(&c, Scope::Turn, &turns, Some(0));
+        assert_eq!(r.status, CriterionStatus::Failed);
+        let detail = r.detail.unwrap_or_default();
+        assert!(
+            detail.contains("not a JSON object Trellis can read"),
+            "{detail}"
+        );
+        assert!(detail.contains("out of range"), "{detail}");
     }
 
     #[test]
