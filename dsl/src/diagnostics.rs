@@ -86,6 +86,10 @@ pub enum Kind {
     /// A warning of `trellis check`: a scenario scripts more agent turns on a path than its
     /// `max-turns`, so that path fails at the limit whatever the agent does.
     MaxTurns,
+    /// A warning of `trellis check`: a suite file with no nodes (empty, or comments only),
+    /// such as one just created in an editor. Loading goes on without it; a project left
+    /// with no scenario at all is an error of its own.
+    EmptyFile,
 }
 
 impl Kind {
@@ -125,6 +129,7 @@ impl Kind {
             Kind::DuplicateCheck => "trellis::duplicate_check",
             Kind::NoSuite => "trellis::no_suite",
             Kind::MaxTurns => "trellis::max_turns",
+            Kind::EmptyFile => "trellis::empty_file",
         }
     }
 }
@@ -166,7 +171,8 @@ impl Diagnostic {
                 | Kind::UnsetEnv
                 | Kind::UnknownTool
                 | Kind::DuplicateCheck
-                | Kind::MaxTurns => Severity::Warning,
+                | Kind::MaxTurns
+                | Kind::EmptyFile => Severity::Warning,
                 _ => Severity::Error,
             },
         }

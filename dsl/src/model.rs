@@ -309,6 +309,9 @@ pub struct Project {
     pub empty_expansions: Vec<(Spanned<String>, String)>,
     /// Every `env.NAME` a template reads, where it is written (filled by validation).
     pub env_reads: Vec<Spanned<String>>,
+    /// Files with no nodes (empty, or comments only), loaded as nothing: `trellis check`
+    /// warns about them (`trellis::empty_file`).
+    pub empty_files: Vec<FileId>,
 }
 
 impl Project {

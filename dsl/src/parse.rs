@@ -109,6 +109,7 @@ fn load_from<P: AsRef<Path>>(
         mut info,
         broken,
         cache: run,
+        empty_files,
         ..
     } = loader;
     if let (Some(cache), Some(run)) = (cache, run) {
@@ -117,7 +118,15 @@ fn load_from<P: AsRef<Path>>(
     diags.extend(decode_diags);
     info.broken |= broken;
 
+    // Nothing but files without nodes: the wrong file was given, an error (beside other
+    // files, an empty one is a warning of `check`, see `validate::warnings`).
+    let nothing_else = !empty_files.is_empty() && empty_files.len() == files.len();
     let mut project = assemble(files, decoded, &mut info, &mut diags);
+    if nothing_else {
+        diags.extend(validate::empty_files(&project, &empty_files, Kind::NoSuite));
+    } else {
+        project.empty_files = empty_files;
+    }
     let tables = crate::expand::read_datasets(&project, &mut info, &mut diags);
     let (problems, env_reads) = validate::validate_reading_env(&project, &info);
     diags.extend(problems);

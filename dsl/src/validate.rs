@@ -368,6 +368,27 @@ fn needs_of_inactive(
 /// trajectories are recorded as skipped, not passed) and `env` variables a template reads
 /// that `is_set` says are unset (rendering fails at run time). One warning per variable, at
 /// its first use.
+/// One diagnostic of `kind` on each of `ids`, files with no nodes: a warning beside other
+/// files (a file just created in an editor), an error when nothing else was loaded.
+pub(crate) fn empty_files(project: &Project, ids: &[FileId], kind: Kind) -> Vec<Diagnostic> {
+    ids.iter()
+        .filter_map(|&id| {
+            let file = project.files.get(id)?;
+            Some(
+                Diagnostic::at(
+                    kind,
+                    format!("`{}` holds no suite: it has no nodes", file.name),
+                    id,
+                    file,
+                    miette::SourceSpan::from(0..0),
+                    "nothing here",
+                )
+                .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
+            )
+        })
+        .collect()
+}
+
 pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnostic> {
     let files = &project.files;
     let mut out = Vec::new();
@@ -419,6 +440,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
             );
         }
     }
+    out.extend(empty_files(project, &project.empty_files, Kind::EmptyFile));
     for (id, why) in &project.empty_expansions {
         out.push(
             Diagnostic::at_span(

@@ -606,6 +606,26 @@ async fn an_empty_directory_or_suite_file_is_an_error_that_says_so() {
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
     let err = stderr(&o);
     assert!(err.contains("empty.kdl` holds no suite"), "{err}");
+
+    // Beside a suite, an empty file (one just created in an editor) is a warning on that
+    // file: the suite still checks and runs (it stopped every rerun of `trellis watch`).
+    std::fs::write(
+        dir.path().join("real.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("real.kdl"))
+        .arg(&empty_file)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(err.contains("trellis::empty_file"), "{err}");
+    assert!(err.contains("empty.kdl:1:1"), "{err}");
 }
 
 /// A file nested far deeper than any suite (or one huge block comment) overflowed the

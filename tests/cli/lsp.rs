@@ -885,6 +885,33 @@ fn completion_after_an_equals_sign_offers_values_and_a_panel_lists_judges() {
     assert!(!members.contains(&"q".to_owned()), "{members:?}");
 }
 
+/// A new, empty buffer beside the project: its warning is on it, at its start, and the other
+/// files have nothing (the error "holds no suite" was published on another file too).
+#[test]
+fn an_empty_new_buffer_is_warned_about_where_it_is() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "open", "file": "new.kdl", "text": ""},
+    ]);
+    let out = session(dir.path(), steps);
+    let diagnostics = &out[2]["diagnostics"];
+    let on_new = diagnostics["new.kdl"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(on_new.len(), 1, "{out:?}");
+    assert_eq!(on_new[0]["code"], "trellis::empty_file", "{out:?}");
+    assert_eq!(on_new[0]["line"], 0, "{out:?}");
+    for other in ["main.kdl", "agents.kdl"] {
+        assert!(
+            diagnostics[other].as_array().is_none_or(|d| d
+                .iter()
+                .all(|d| d["code"] != "trellis::empty_file" && d["code"] != "trellis::no_suite")),
+            "{other}: {out:?}"
+        );
+    }
+}
+
 /// A buffer the editor sent with its byte order mark gets its first line's diagnostics
 /// where the editor counts them (the mark is a column to it); a file on disk with a mark,
 /// which editors open without it, gets definitions where the editor shows them.

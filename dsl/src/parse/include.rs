@@ -32,6 +32,8 @@ pub(super) struct Loader {
     pub(super) overlay: HashMap<PathBuf, Arc<str>>,
     /// The last load's files, when the caller keeps them (`load_cached`).
     pub(super) cache: Option<CacheRun>,
+    /// Files with no nodes ([`crate::model::Project::empty_files`]).
+    pub(super) empty_files: Vec<FileId>,
 }
 
 impl Loader {
@@ -247,15 +249,12 @@ impl Loader {
             }
         };
 
-        // An empty file (or one of comments only) is almost always the wrong file.
+        // An empty file (or one of comments only): a file just created in an editor, or
+        // the wrong file. A warning on that file, not an error of the project: a new empty
+        // file stopped every rerun of `trellis watch`, and the LSP put its error on another
+        // file. Alone, it leaves no scenario, which is an error of its own.
         if decoded.nodes == 0 {
-            self.diags.push(
-                Diagnostic::new(
-                    Kind::NoSuite,
-                    format!("`{}` holds no suite: it has no nodes", self.files[id].name),
-                )
-                .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
-            );
+            self.empty_files.push(id);
         }
         let Decoded {
             items,
