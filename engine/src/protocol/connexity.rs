@@ -313,8 +313,45 @@ pub fn encode_request(
     })
 }
 
-/// Parses an `AgentResponse` body into the turn it describes.
+/// Parses an `AgentResponse` body into the turn it describes. A body that is no turn but
+/// carries an `error` (`{"error": {…}}`, `{"messages": [], "error": "rate limited"}`) is the
+/// agent's failure, said in its words: it was `protocol` ("no `messages` array"), which hid
+/// why. Looked at only when the body is no turn, so a good turn costs nothing more.
 pub fn parse_response(body: &[u8]) -> Result<ParsedReply, Fault> {
+    parse_turn(body).map_err(|fault| {
+        if fault.category != FaultCategory::Protocol {
+            return fault;
+        }
+        match reported_error(body) {
+            Some(error) => Fault::new(
+                FaultCategory::AgentError,
+                format!("the agent answered with an error: {error}"),
+            ),
+            None => fault,
+        }
+    })
+}
+
+/// The `error` a response body reports, as text: a string, an object's `message` (or
+/// `detail`), else the object's JSON.
+fn reported_error(body: &[u8]) -> Option<String> {
+    let Ok(Value::Object(mut root)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    match root.remove("error")? {
+        Value::Null => None,
+        Value::String(text) => Some(text),
+        Value::Object(error) => Some(
+            ["message", "detail"]
+                .iter()
+                .find_map(|k| error.get(*k).and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| Value::Object(error).to_string()),
+        ),
+        other => Some(other.to_string()),
+    }
+}
+
+fn parse_turn(body: &[u8]) -> Result<ParsedReply, Fault> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(Fault::new(
             FaultCategory::InvalidJson,

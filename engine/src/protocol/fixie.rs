@@ -695,6 +695,17 @@ pub fn parse_reply(body: &[u8], function: &str) -> Result<FunctionReply, Fault> 
     };
     let mut message = match root.remove("message") {
         Some(Value::Object(message)) => message,
+        // An error and nothing else: the function's failure, said in its words (it was
+        // `protocol`, "answered without a `message` object", which hid why).
+        None | Some(Value::Null) if error.is_some() => {
+            return Err(Fault::new(
+                FaultCategory::AgentError,
+                format!(
+                    "Func[{function}] answered with an error: {}",
+                    error.unwrap_or_default()
+                ),
+            ));
+        }
         None | Some(Value::Null) => {
             return Err(protocol("answered without a `message` object".to_owned()));
         }

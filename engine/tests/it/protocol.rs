@@ -753,6 +753,35 @@ fn a_reused_call_id_pairs_results_by_function_name() {
     assert_eq!(result("b").as_deref(), Some("from b"));
 }
 
+/// A 200 whose body is an error and no turn is the agent's failure, quoted: Connexity's
+/// `{"error": …}` (alone, or beside an empty `messages`) and Fixie's `{"error": …}` without a
+/// `message` were `protocol` faults that did not say why.
+#[test]
+fn an_error_body_is_an_agent_error_in_its_words() {
+    use trellis_engine::record::FaultCategory;
+    for body in [
+        r#"{"error": {"message": "quota exceeded", "code": 429}}"#,
+        r#"{"messages": [], "error": "quota exceeded"}"#,
+    ] {
+        let fault =
+            trellis_engine::protocol::connexity::parse_response(body.as_bytes()).expect_err(body);
+        assert_eq!(fault.category, FaultCategory::AgentError, "{body}");
+        assert!(
+            fault.message.contains("quota exceeded"),
+            "{body}: {fault:?}"
+        );
+    }
+    // Without an error, the same shape stays a protocol fault.
+    let fault = trellis_engine::protocol::connexity::parse_response(br#"{"messages": []}"#)
+        .expect_err("no turn");
+    assert_eq!(fault.category, FaultCategory::Protocol);
+    let fault =
+        trellis_engine::protocol::fixie::parse_reply(br#"{"error": "quota exceeded"}"#, "ask")
+            .expect_err("an error");
+    assert_eq!(fault.category, FaultCategory::AgentError);
+    assert!(fault.message.contains("Func[ask]") && fault.message.contains("quota exceeded"));
+}
+
 /// OpenAI's legacy function calling, which agents on older SDKs send: the assistant's
 /// `function_call` and the `function` message answering it are a tool call with its result,
 /// whichever way the body is parsed (string arguments take the fast path, object arguments
