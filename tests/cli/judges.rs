@@ -740,6 +740,36 @@ async fn a_judge_whose_words_contradict_its_score_gives_no_verdict() {
     }
 }
 
+/// A judge's answer cut at its token limit (`finish_reason: length`) is unusable, and the
+/// detail says it was cut off and what to raise, not only "no score".
+#[tokio::test]
+async fn a_judge_answer_cut_at_its_token_limit_says_so() {
+    let body = json!({
+        "id": "x", "object": "chat.completion", "model": "judge-m",
+        "choices": [{"index": 0, "finish_reason": "length",
+            "message": {"role": "assistant", "content": "{\"score\": 0."}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    });
+    let fake = FakeLlm::start(vec![Rule::when(
+        "CUT-CHECK",
+        [Reply::Raw(body.to_string())],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = one_judged_check(dir.path(), &fake.base_url(), "CUT-CHECK");
+    let out = dir.path().join("out");
+    run(&path, &out, &[]).await;
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let at = strings(&c, "kind")
+        .iter()
+        .position(|k| k.as_deref() == Some("judge"))
+        .unwrap_or_else(|| panic!("{c}"));
+    assert_eq!(strings(&c, "status")[at].as_deref(), Some("error"), "{c}");
+    let detail = strings(&c, "detail")[at].clone().unwrap_or_default();
+    assert!(detail.contains("cut off at its token limit"), "{detail}");
+    assert!(detail.contains("max-tokens"), "{detail}");
+}
+
 /// The response cache is keyed by where the request goes too: a provider pointed at another
 /// server (a bigger model under the same provider id and model name) is asked, not answered
 /// with the first server's cached verdicts.

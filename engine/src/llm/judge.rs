@@ -633,6 +633,12 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     let passed = match lines.get("passed").map(|s| s.to_ascii_lowercase()) {
                         Some(s) if s == "true" || s == "yes" => true,
                         Some(s) if s == "false" || s == "no" => false,
+                        _ if lines_disagree(text, "passed") => {
+                            return Err(garbage(
+                                "two verdicts (`Passed:` lines that disagree)",
+                                text,
+                            ));
+                        }
                         _ => return Err(garbage("no JSON object and no `passed:` line", text)),
                     };
                     (passed, lines.get("justification").cloned())
@@ -749,9 +755,13 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     text,
                 ));
             }
-            let score = score
-                .filter(|s| (0.0..=1.0).contains(s))
-                .ok_or_else(|| garbage("no score from 0 to 1", text))?;
+            let score = score.filter(|s| (0.0..=1.0).contains(s)).ok_or_else(|| {
+                if lines_disagree(text, "score") {
+                    garbage("two scores (`Score:` lines that disagree)", text)
+                } else {
+                    garbage("no score from 0 to 1", text)
+                }
+            })?;
             Ok(Answer {
                 score,
                 label,
@@ -937,6 +947,19 @@ impl<'de> serde::Deserialize<'de> for Members {
 /// `key: value` lines, keys lower-cased, markdown emphasis around them dropped
 /// (`**Score:** 0.8`). A key given two different values (`Score: 0.1` … `Score: 0.9`) is
 /// left out: which one the judge meant is not for the parser to guess.
+/// Whether `key:` lines give `key` different values ([`key_lines`] then leaves it out).
+fn lines_disagree(text: &str, key: &str) -> bool {
+    let mut values = text.lines().filter_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        let k = k.trim().trim_matches(['*', '_', '-', '#', ' ']);
+        k.eq_ignore_ascii_case(key)
+            .then(|| v.trim().trim_start_matches(['*', '_']).trim())
+    });
+    values
+        .next()
+        .is_some_and(|first| values.any(|v| v != first))
+}
+
 pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
     let mut out = std::collections::HashMap::new();
     let mut ambiguous = std::collections::HashSet::new();
@@ -965,6 +988,16 @@ pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn score_lines_that_disagree_are_said_to() {
+        let generic = Rubric::from_setting(None);
+        let e = parse_answer(&generic, "Score: 0.9\nScore: 0.1").unwrap_err();
+        assert!(e.0.contains("two scores"), "{e}");
+        let e = parse_answer(&Rubric::Outcome, "Passed: yes\nPassed: no").unwrap_err();
+        assert!(e.0.contains("two verdicts"), "{e}");
+        assert!(parse_answer(&generic, "Score: 0.9\nScore: 0.9").is_ok());
+    }
 
     /// Words against the score count only when they are on the other side of the middle
     /// too: the judge is not told the threshold, so `pass` on 0.6 against 0.7 is its scale.

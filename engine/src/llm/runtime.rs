@@ -452,7 +452,18 @@ impl LlmRuntime {
                     .forget(resolved.client, &request, task.repetition)
                     .await;
                 verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
-                (CriterionStatus::Error, garbage.to_string(), Some(verdict))
+                // An answer cut at the token limit reads as garbage; said, the fix is plain.
+                let cut = if super::codec::cut_at_token_limit(completion.finish_reason.as_deref()) {
+                    " (the answer was cut off at its token limit: raise its provider's \
+                     `max-tokens`)"
+                } else {
+                    ""
+                };
+                (
+                    CriterionStatus::Error,
+                    format!("{garbage}{cut}"),
+                    Some(verdict),
+                )
             }
             Ok(answer) => {
                 let passed = answer.score >= threshold;
