@@ -161,6 +161,9 @@ pub struct Samples {
     pub simulated: BTreeSet<(String, String, String)>,
     /// (suite, scenario, agent) whose recorded trajectories had LLM-judged checks.
     pub judged: BTreeSet<(String, String, String)>,
+    /// Judge-condition outcomes that were errors (a judge that failed or gave no usable
+    /// answer), among `judge`'s, where they count as not passing.
+    pub judge_errors: u64,
 }
 
 impl Samples {

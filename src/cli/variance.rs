@@ -336,13 +336,30 @@ pub fn variance(args: VarianceArgs) -> u8 {
             }
         }
         let after = tally(&samples.judge);
+        let judgments = after.0 - before.0;
         progress(format_args!(
-            "judge condition {}: {} trajectory judgments ({} passed) in {:.1}s",
+            "judge condition {}: {} trajectory judgments ({} passed, {} errors) in {:.1}s",
             if stopped.is_some() { "stopped" } else { "done" },
-            after.0 - before.0,
+            judgments,
             after.1 - before.1,
+            samples.judge_errors,
             started.elapsed().as_secs_f64()
         ));
+        // Errors count as not passing: a judge that fails every call gives outcomes that
+        // never vary, and its variance read 0.000, as stable as a judge can be.
+        if judgments > 0 && samples.judge_errors == judgments {
+            errln!(
+                "warning: every judgment of the judge condition ended in an error (is the \
+                 judge failing? see the run's judge_error_category): the judge's share below \
+                 says nothing of it"
+            );
+        } else if samples.judge_errors > 0 {
+            errln!(
+                "warning: {} of {judgments} judgments of the judge condition ended in an \
+                 error and count as not passing",
+                samples.judge_errors
+            );
+        }
     }
 
     // 2 and 3. The agent and free conditions: ordinary runs.
@@ -646,6 +663,9 @@ fn judge_condition(
                 if let JournalEntry::Trajectory(t) = e
                     && let Some(passed) = outcome_of(&t)
                 {
+                    if t.status == trellis_engine::record::TrajectoryStatus::Error {
+                        samples.judge_errors += 1;
+                    }
                     samples
                         .judge
                         .entry(group(&t, t.repetition))

@@ -220,6 +220,38 @@ async fn a_flipping_judge_is_the_source() {
     assert_eq!(overall["user"].as_f64(), Some(0.0), "{v:#}");
 }
 
+/// A judge that fails every call gives outcomes that never vary: its share read 0.000, as
+/// stable as a judge can be, with nothing to say every judgment was an error. It says so.
+#[tokio::test]
+async fn a_judge_that_always_fails_is_not_shown_as_stable_without_a_word() {
+    // The run's judge answers; every later call fails (the last reply repeats).
+    let fake = FakeLlm::start(vec![
+        rule_for(
+            "judge-m",
+            None,
+            vec![
+                Reply::text(judge_says(true)),
+                Reply::Status(500, "overloaded".into()),
+            ],
+        ),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("Booked: slot XYZZY.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let (_, err) = variance(dir.path(), &run, Some(&suite)).await;
+    assert!(
+        err.contains("every judgment of the judge condition ended in an error"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_run_that_does_not_exist_is_refused() {
     let dir = tempfile::tempdir().unwrap();
