@@ -180,8 +180,8 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     let problems = record.finish().problems;
     if let Some(s) = summary {
         outln!(
-            "rejudged {} check(s) of {} trajectories ({} changed status{}): {} passed, {} failed, \
-             {} error, {} skipped{}",
+            "rejudged {} check(s) of {} trajectories ({} changed status{}); trajectories: {} \
+             passed, {} failed, {} error, {} skipped{}",
             counts.rejudged,
             s.trajectories,
             counts.changed,
