@@ -125,7 +125,13 @@ pub fn choose(
             from: "--shard".to_owned(),
         }));
     }
-    let read = |name: &str| env(name).map(|v| v.trim().to_owned());
+    // A variable set to nothing (`CI_NODE_INDEX=` in a job template) is not set: it
+    // failed the run as a bad index.
+    let read = |name: &str| {
+        env(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
     let index_of = |name: &'static str, value: &str, runner: &'static str, base: u32| {
         value
             .parse::<u32>()
@@ -437,6 +443,11 @@ mod tests {
     #[test]
     fn each_runner_numbers_its_jobs_its_own_way() {
         assert_eq!(pick(None, None, &[]), None);
+        // Set to nothing is not set.
+        assert_eq!(
+            pick(None, None, &[(GITLAB_INDEX, ""), (GITLAB_TOTAL, " ")]),
+            None
+        );
         assert_eq!(
             pick(Some("2/3"), None, &[(GITLAB_INDEX, "1")]),
             Some((2, 3))
