@@ -776,9 +776,12 @@ fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) 
             lost(format!("{at}` has no `response`"));
             continue;
         };
-        // A string the DSL would not read as JSON is written as itself, anything else as JSON.
+        // A string is the tool's answer as it is (the platform hands it to the agent
+        // verbatim; one holding JSON is read as that JSON, as the DSL reads `output`); anything
+        // else as JSON. A string holding JSON was written as a JSON string literal, and the
+        // agent got the answer quoted.
         let written = match &response {
-            Value::String(text) if serde_json::from_str::<Value>(text).is_err() => text.clone(),
+            Value::String(text) => text.clone(),
             other => other.to_string(),
         };
         let mut line = format!("output {}", kdl_string(&written));
@@ -1238,6 +1241,30 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A string response is the tool's answer as it is, JSON text included: one holding JSON
+    /// was written as a JSON string literal, and the agent got the answer quoted.
+    #[test]
+    fn a_string_response_is_written_as_it_is() {
+        let mut lost = |why: String| panic!("{why}");
+        let lines = mock_outputs(
+            0,
+            vec![
+                serde_json::json!({"response": "{\"serviced\": false}"}),
+                serde_json::json!({"response": "plain text"}),
+                serde_json::json!({"response": {"serviced": true}}),
+            ],
+            &mut lost,
+        );
+        assert_eq!(
+            lines,
+            [
+                r#"output "{\"serviced\": false}""#,
+                r#"output "plain text""#,
+                r#"output "{\"serviced\":true}""#,
+            ]
+        );
+    }
 
     /// The ids the search through every id given so far chose, for bases that repeat and
     /// bases that are another's numbered id (`a-2`).
