@@ -1106,28 +1106,13 @@ fn run_metrics(
         why: None,
     }];
 
-    let (b, h) = (&base.aggregates.latency, &head.aggregates.latency);
-    let judged = judge_latency(b, h, latencies, t);
-    metrics.push(MetricChange {
-        p_value: judged.p_value,
-        why: judged.why,
-        ..metric(
-            "latency_mean_ms",
-            b.mean_ms,
-            h.mean_ms,
-            Some(t.max_latency_increase_pct),
-            judged.verdict,
-        )
-    });
-    // Each agent's turns judged alone, by the same rule, right after the run's.
-    for (agent, samples) in latencies.map(|l| &l.agents).into_iter().flatten() {
-        let (b, h) = (
-            crate::stats::Latency::of(samples.base.clone()),
-            crate::stats::Latency::of(samples.head.clone()),
-        );
-        let judged = judge_latency(&b, &h, Some(samples), t);
-        metrics.push(MetricChange {
-            agent: Some(agent.clone()),
+    let mean_latency = |agent: Option<&String>,
+                        b: &crate::stats::Latency,
+                        h: &crate::stats::Latency,
+                        samples: Option<&TurnLatencies>| {
+        let judged = judge_latency(b, h, samples, t);
+        MetricChange {
+            agent: agent.cloned(),
             p_value: judged.p_value,
             why: judged.why,
             ..metric(
@@ -1137,7 +1122,17 @@ fn run_metrics(
                 Some(t.max_latency_increase_pct),
                 judged.verdict,
             )
-        });
+        }
+    };
+    let (b, h) = (&base.aggregates.latency, &head.aggregates.latency);
+    metrics.push(mean_latency(None, b, h, latencies));
+    // Each agent's turns judged alone, by the same rule, right after the run's.
+    for (agent, samples) in latencies.map(|l| &l.agents).into_iter().flatten() {
+        let (b, h) = (
+            crate::stats::Latency::of(samples.base.clone()),
+            crate::stats::Latency::of(samples.head.clone()),
+        );
+        metrics.push(mean_latency(Some(agent), &b, &h, Some(samples)));
     }
     for (name, b, h) in [
         ("latency_p50_ms", b.p50_ms, h.p50_ms),
