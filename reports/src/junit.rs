@@ -258,7 +258,12 @@ impl JunitBuilder {
         xml.push('.');
         // Jenkins splits a classname at its last dot into package and class: a dot in the
         // scenario's id would split the scenario instead of the suite from it.
-        xml.push_str(&escape(&t.scenario).replace('.', "_"));
+        let scenario = escape(&t.scenario);
+        if scenario.contains('.') {
+            xml.push_str(&scenario.replace('.', "_"));
+        } else {
+            xml.push_str(&scenario);
+        }
         // No `assertions`: Surefire's schema (junit-10) has no such attribute.
         let _ = write!(xml, "\" time=\"{seconds:.3}\"");
         match t.status {

@@ -318,18 +318,49 @@ pub fn encode_request(
 /// agent's failure, said in its words: it was `protocol` ("no `messages` array"), which hid
 /// why. Looked at only when the body is no turn, so a good turn costs nothing more.
 pub fn parse_response(body: &[u8]) -> Result<ParsedReply, Fault> {
-    parse_turn(body).map_err(|fault| {
-        if fault.category != FaultCategory::Protocol {
-            return fault;
-        }
-        match reported_error(body) {
-            Some(error) => Fault::new(
-                FaultCategory::AgentError,
-                format!("the agent answered with an error: {error}"),
-            ),
-            None => fault,
-        }
-    })
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(Fault::new(
+            FaultCategory::InvalidJson,
+            "empty response body (expected a JSON AgentResponse)",
+        ));
+    }
+    if let Ok(wire) = serde_json::from_slice::<WireResponse>(body) {
+        let messages = wire
+            .messages
+            .into_iter()
+            .map(WireMessage::into_message)
+            .collect();
+        // Matched rather than mapped: the turn is returned in place, not moved through a
+        // closure's result on every good answer.
+        return match finish_turn(
+            messages,
+            wire.usage.as_ref(),
+            optional_string(wire.model),
+            optional_string(wire.provider),
+        ) {
+            Err(fault) => Err(as_reported(body, fault)),
+            turn => turn,
+        };
+    }
+    match parse_lenient(body) {
+        Err(fault) => Err(as_reported(body, fault)),
+        turn => turn,
+    }
+}
+
+/// `fault`, a protocol fault of a body that is no turn, as the agent's own error when the
+/// body reports one.
+fn as_reported(body: &[u8], fault: Fault) -> Fault {
+    if fault.category != FaultCategory::Protocol {
+        return fault;
+    }
+    match reported_error(body) {
+        Some(error) => Fault::new(
+            FaultCategory::AgentError,
+            format!("the agent answered with an error: {error}"),
+        ),
+        None => fault,
+    }
 }
 
 /// The `error` a response body reports, as text: a string, an object's `message` (or
@@ -351,26 +382,9 @@ fn reported_error(body: &[u8]) -> Option<String> {
     }
 }
 
-fn parse_turn(body: &[u8]) -> Result<ParsedReply, Fault> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(Fault::new(
-            FaultCategory::InvalidJson,
-            "empty response body (expected a JSON AgentResponse)",
-        ));
-    }
-    if let Ok(wire) = serde_json::from_slice::<WireResponse>(body) {
-        let messages = wire
-            .messages
-            .into_iter()
-            .map(WireMessage::into_message)
-            .collect();
-        return finish_turn(
-            messages,
-            wire.usage.as_ref(),
-            optional_string(wire.model),
-            optional_string(wire.provider),
-        );
-    }
+/// The body read as a `Value` when the typed fast path refused it: lenient where real agents
+/// differ from the spec, strict where a guess would hide a broken agent.
+fn parse_lenient(body: &[u8]) -> Result<ParsedReply, Fault> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         Fault::new(
             FaultCategory::InvalidJson,
@@ -467,9 +481,10 @@ struct WireMessage {
     content: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<WireToolCall>>,
-    /// OpenAI's legacy function calling ([`legacy_role`]).
+    /// OpenAI's legacy function calling ([`legacy_role`]). Boxed: rare, and every message
+    /// of every answer carried its room.
     #[serde(default)]
-    function_call: Option<WireFunction>,
+    function_call: Option<Box<WireFunction>>,
     #[serde(default)]
     tool_call_id: Option<String>,
     #[serde(default)]
@@ -495,7 +510,7 @@ struct WireFunction {
 
 impl WireMessage {
     fn into_message(self) -> ChatMessage {
-        let legacy = self.function_call.map(|f| ToolCall {
+        let legacy = self.function_call.map(|f| *f).map(|f| ToolCall {
             id: String::new(),
             kind: "function".to_owned(),
             function: ToolCallFunction {
