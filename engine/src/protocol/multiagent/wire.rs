@@ -577,7 +577,17 @@ fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
             garbled && !line.trim_ascii_start().starts_with(b"{")
         });
     const LOGS: &str = " (an agent must print only its answer on stdout, logs go to stderr)";
+    // Every line JSON, more than one, on a process's stdout: answers written twice, as a
+    // kept process or socket reports them (`protocol`, naming the line); it was
+    // `invalid_json` for a process per call.
+    let answered_twice = from_line && offending.is_none() && lines.len() > 1;
     let message = match offending {
+        None if answered_twice => format!(
+            "the agent wrote {} JSON lines where one answer was due (line 2: {}); an agent \
+             answers each message with one line",
+            lines.len(),
+            preview(lines.get(1).copied().unwrap_or_default())
+        ),
         Some((index, line, garbled)) if lines.len() > 1 => format!(
             "the agent's reply is not JSON: line {} is not JSON{}: {}",
             index + 1,
@@ -595,7 +605,7 @@ fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
         ),
         _ => format!("the agent's reply is not JSON ({error}): {}", preview(body)),
     };
-    let category = if logged {
+    let category = if logged || answered_twice {
         FaultCategory::Protocol
     } else {
         FaultCategory::InvalidJson
@@ -1406,11 +1416,12 @@ mod tests {
         assert!(f.message.contains("[agent] ready"), "{}", f.message);
         assert!(f.message.contains("logs go to stderr"), "{}", f.message);
         assert!(!f.message.contains("final_answer"), "{}", f.message);
-        // Two answers on two lines.
+        // Two answers on two lines: answered twice, as a kept process reports it.
         let f = fault(b"{\"action\":\"processing\"}\n{\"action\":\"final_answer\"}");
-        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert_eq!(f.category, FaultCategory::Protocol);
         assert!(
-            f.message.contains("not one JSON document (2 lines"),
+            f.message
+                .contains("wrote 2 JSON lines where one answer was due (line 2:"),
             "{}",
             f.message
         );
