@@ -168,6 +168,9 @@ pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, E
     if !finish_initialize(connection, id, result)? {
         return Ok(server::Ended::ExitedWithoutShutdown);
     }
+    if let Some(pid) = params.process_id {
+        exit_with_parent(pid);
+    }
     let mut roots: Vec<std::path::PathBuf> = params
         .workspace_folders
         .iter()
@@ -213,4 +216,30 @@ pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, E
             )))?;
     }
     Server::new(config, roots).run(connection)
+}
+
+/// Exits once the process `pid` (the editor that started the server, `initialize`'s
+/// `processId`) is gone, as the protocol asks: an editor that crashed or was killed never
+/// sends `exit` and may keep the server's stdin open through a child of its own, and the
+/// server lived on. Looked at once a second; exit code 1, as for an exit without shutdown.
+fn exit_with_parent(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    let alive = move || {
+        // SAFETY: kill(2) with signal 0 sends nothing; it only checks that `pid` exists.
+        let sent = unsafe { libc::kill(pid, 0) };
+        sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    };
+    if !alive() {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("trellis-lsp-parent".into())
+        .spawn(move || {
+            while alive() {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            std::process::exit(1);
+        });
 }

@@ -759,6 +759,53 @@ fn read_message(out: &mut impl std::io::BufRead) -> Value {
     serde_json::from_slice(&body).expect("JSON")
 }
 
+/// An editor that dies without `exit` (crashed, killed) may leave the server's stdin open
+/// through a child of its own: the server exits once `initialize`'s `processId` is gone, as
+/// the protocol asks, instead of living on.
+#[test]
+fn the_server_exits_when_the_editor_that_started_it_is_gone() {
+    use std::io::Write;
+    let dir = project();
+    let mut editor = Command::new("sleep").arg("60").spawn().expect("sleep");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("lsp")
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("trellis lsp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut send = |m: Value| stdin.write_all(&framed(&m)).expect("written");
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"processId": editor.id(), "rootUri": null, "capabilities": {}}}),
+    );
+    assert!(read_message(&mut stdout)["result"]["capabilities"].is_object());
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        child.try_wait().expect("waited").is_none(),
+        "exited with its editor alive"
+    );
+    editor.kill().expect("killed");
+    editor.wait().expect("reaped");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waited") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the server outlived its editor"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1));
+    drop(stdin);
+}
+
 #[test]
 fn a_request_before_initialized_is_answered_and_the_server_goes_on() {
     use std::io::Write;
