@@ -407,9 +407,9 @@ impl Server {
         let Some(path) = to_path(&pos.text_document.uri) else {
             return Ok(None);
         };
-        if p.new_name.is_empty() || p.new_name.contains(['"', '\\', '\n', '/']) {
+        if p.new_name.is_empty() || p.new_name.contains(['"', '\\', '\n']) {
             return Err(format!(
-                "`{}` cannot be an id: ids are written in quotes and hold no `\"`, `\\`, `/` or newline",
+                "`{}` cannot be an id: ids are written in quotes and hold no `\"`, `\\` or newline",
                 p.new_name
             ));
         }
@@ -425,6 +425,14 @@ impl Server {
         let Some(key) = index.at(&file, offset) else {
             return Ok(None);
         };
+        // `SUITE/ID` names another suite's scenario: a scenario's own id holds no `/` (an
+        // agent's or a tool's may, as `check` accepts it).
+        if key.0 == "scenario" && p.new_name.contains('/') {
+            return Err(format!(
+                "`{}` cannot be a scenario id: `/` separates a suite from its scenario in `needs`",
+                p.new_name
+            ));
+        }
         // A scenario's id is its suite's: another suite's scenario of that name is not in
         // the way.
         let new_key = match trellis_dsl::graph::split_reference(&key.1) {

@@ -932,6 +932,29 @@ fn completion_after_an_equals_sign_offers_values_and_a_panel_lists_judges() {
     assert!(!members.contains(&"q".to_owned()), "{members:?}");
 }
 
+/// An agent's id may hold `/` (`check` accepts `agent "ms/x"`), so rename gives it one; only
+/// a scenario's id may not (it separates a suite from its scenario in `needs`).
+#[test]
+fn rename_gives_an_agent_an_id_with_a_slash() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "rename", "file": "agents.kdl", "line": 0, "character": 8, "to": "team/shop"},
+    ]);
+    let out = session(dir.path(), steps);
+    // The definition, and the two scenarios of main.kdl that name it.
+    assert_eq!(
+        out[2]["edits"],
+        serde_json::json!({"agents.kdl": 1, "main.kdl": 2}),
+        "{out:?}"
+    );
+    assert_eq!(
+        out[2]["texts"]["main.kdl"],
+        serde_json::json!(["team/shop", "team/shop"]),
+        "{out:?}"
+    );
+}
+
 /// A new, empty buffer beside the project: its warning is on it, at its start, and the other
 /// files have nothing (the error "holds no suite" was published on another file too).
 #[test]
