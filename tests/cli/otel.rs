@@ -692,12 +692,23 @@ impl Collector {
         Collector { child, port, lines }
     }
 
-    /// Every span received so far.
+    /// Every span received so far. The collector prints a request's spans before it
+    /// answers, but the thread that reads its output may not have passed them on yet when
+    /// the run has returned (the export's wait is the run's last step): lines are taken until
+    /// none has come for 300 ms.
     fn spans(&self) -> Vec<serde_json::Value> {
-        self.lines
-            .try_iter()
-            .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect()
+        let quiet = std::time::Duration::from_millis(300);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut spans = Vec::new();
+        while std::time::Instant::now() < until {
+            match self.lines.recv_timeout(quiet) {
+                Ok(l) => {
+                    spans.push(serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
+                }
+                Err(_) => break,
+            }
+        }
+        spans
     }
 }
 
