@@ -1143,8 +1143,11 @@ fn render_judged(
             // A null inside the text (`the agent answered {{ row.msg }}`) rendered as
             // `none`, and the judge was asked about it: each expression is looked at (not
             // in a `{% %}` block, whose loop variables are not the row's).
-            if !source.contains("{%") {
-                for expression in expressions(source) {
+            let parts = expressions(source);
+            // One expression alone is evaluated whole just below, null checked there.
+            let alone = matches!(parts.as_slice(), [only] if *only == source.trim());
+            if !alone && !source.contains("{%") {
+                for expression in parts {
                     if evaluate_value(env, expression, row, vars)? == Value::Null {
                         return Err(format!("`{}` is null", expression.trim()));
                     }

@@ -109,19 +109,26 @@ pub fn cohen_kappa<S: AsRef<str>>(pairs: &[(S, S)]) -> Figure {
     }
     let k = index.len();
     let n = pairs.len() as f64;
-    // p[i][j]: share of pairs where the first rater said i and the second j.
-    let mut p = vec![vec![0.0_f64; k]; k];
+    // counts[i][j]: pairs where the first rater said i and the second j.
+    let mut counts = vec![vec![0u64; k]; k];
     for (a, b) in pairs {
         if let (Some(&i), Some(&j)) = (index.get(a.as_ref()), index.get(b.as_ref()))
-            && let Some(cell) = p.get_mut(i).and_then(|row| row.get_mut(j))
+            && let Some(cell) = counts.get_mut(i).and_then(|row| row.get_mut(j))
         {
-            *cell += 1.0 / n;
+            *cell += 1;
         }
     }
-    let rows: Vec<f64> = p.iter().map(|row| row.iter().sum()).collect();
-    let cols: Vec<f64> = (0..k)
-        .map(|j| p.iter().filter_map(|row| row.get(j)).sum())
+    let row_counts: Vec<u64> = counts.iter().map(|row| row.iter().sum()).collect();
+    let col_counts: Vec<u64> = (0..k)
+        .map(|j| counts.iter().filter_map(|row| row.get(j)).sum())
         .collect();
+    // The same as shares, for the standard error.
+    let p: Vec<Vec<f64>> = counts
+        .iter()
+        .map(|row| row.iter().map(|&c| c as f64 / n).collect())
+        .collect();
+    let rows: Vec<f64> = row_counts.iter().map(|&c| c as f64 / n).collect();
+    let cols: Vec<f64> = col_counts.iter().map(|&c| c as f64 / n).collect();
     let chance: f64 = rows.iter().zip(&cols).map(|(r, c)| r * c).sum();
     if 1.0 - chance < 1e-12 {
         return Figure::missing(
@@ -131,28 +138,18 @@ pub fn cohen_kappa<S: AsRef<str>>(pairs: &[(S, S)]) -> Figure {
     // From the whole counts, one division: (n·agreed − Σ rowᵢ·colᵢ) / (n² − Σ rowᵢ·colᵢ).
     // From the shares, p_o = 0.8 and p_e = 0.5 gave 0.5999999999999999, and a judge exactly
     // at the default floor of 0.6 was marked below it.
-    let mut counts = vec![vec![0u64; k]; k];
-    for (a, b) in pairs {
-        if let (Some(&i), Some(&j)) = (index.get(a.as_ref()), index.get(b.as_ref()))
-            && let Some(cell) = counts.get_mut(i).and_then(|row| row.get_mut(j))
-        {
-            *cell += 1;
-        }
-    }
     let total = pairs.len() as u128;
     let agreed: u128 = (0..k)
         .filter_map(|i| counts.get(i)?.get(i))
         .map(|&c| u128::from(c))
         .sum();
-    let by_chance: u128 = (0..k)
-        .map(|i| {
-            let row: u128 = counts[i].iter().map(|&c| u128::from(c)).sum();
-            let col: u128 = counts.iter().map(|r| u128::from(r[i])).sum();
-            row * col
-        })
+    let by_chance: u128 = row_counts
+        .iter()
+        .zip(&col_counts)
+        .map(|(&r, &c)| u128::from(r) * u128::from(c))
         .sum();
-    let kappa = (total * agreed) as f64 - by_chance as f64;
-    let kappa = kappa / ((total * total) as f64 - by_chance as f64);
+    let kappa =
+        ((total * agreed) as f64 - by_chance as f64) / ((total * total) as f64 - by_chance as f64);
     let spare = 1.0 - kappa;
     let mut diagonal = 0.0;
     let mut off_diagonal = 0.0;

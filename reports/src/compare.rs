@@ -1299,7 +1299,7 @@ pub fn judge_latency(
 }
 
 /// `p = 0.018`, or `p < 0.001`.
-fn p_said(p: f64) -> String {
+pub(crate) fn p_said(p: f64) -> String {
     if p < 0.001 {
         "p < 0.001".to_owned()
     } else {

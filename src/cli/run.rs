@@ -898,10 +898,17 @@ pub fn execute_plan(
     };
     let receiver = start_receiver(&runtime, &plan, settings)?;
     let trace = trellis_engine::transport::trace::RunTrace::from_env();
+    // A resumed run's clock goes on from its earlier sessions', as its turns count.
+    let earlier = resumed.as_ref().map(|r| r.finished.elapsed());
     let exporter = export.map(|config| {
         let warn: std::sync::Arc<dyn Fn(&str) + Send + Sync> =
             std::sync::Arc::new(|why: &str| errln!("warning: {why}"));
-        trellis_engine::otel::export::SpanExporter::start(config, trace.clone(), warn)
+        let mut exporter =
+            trellis_engine::otel::export::SpanExporter::start(config, trace.clone(), warn);
+        if let Some(earlier) = earlier {
+            exporter.resumed_after(earlier);
+        }
+        exporter
     });
     let silent = settings.silent;
     let (record, console, resume) = match resumed {
@@ -916,10 +923,6 @@ pub fn execute_plan(
             None,
         ),
     };
-    let mut exporter = exporter;
-    if let (Some(exporter), Some(finished)) = (&mut exporter, &resume) {
-        exporter.resumed_after(finished.elapsed());
-    }
     let reporter = Reporter {
         record,
         console,

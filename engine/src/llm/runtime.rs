@@ -445,7 +445,22 @@ impl LlmRuntime {
             }
             Ok(completion) => completion,
         };
-        match judge::parse_answer(&rubric, &completion.text) {
+        // The answer, with the score's verdict said against the threshold; an answer whose
+        // words contradict its score is as unusable as one that does not parse.
+        let judged = judge::parse_answer(&rubric, &completion.text).and_then(|answer| {
+            let passed = answer.score >= threshold;
+            let (shown, against) = score_and_threshold(answer.score, threshold);
+            let said = format!("{shown} {} {against}", if passed { ">=" } else { "<" });
+            match answer
+                .stated
+                .as_ref()
+                .and_then(|s| s.contradicts(answer.score, passed, &said, &completion.text))
+            {
+                Some(garbage) => Err(garbage),
+                None => Ok((answer, passed, said)),
+            }
+        });
+        match judged {
             Err(garbage) => {
                 // Not kept: replayed, the same unusable answer would be every later run's.
                 self.cache
@@ -465,22 +480,9 @@ impl LlmRuntime {
                     Some(verdict),
                 )
             }
-            Ok(answer) => {
-                let passed = answer.score >= threshold;
-                let (shown, against) = score_and_threshold(answer.score, threshold);
-                let score_said = format!("{shown} {} {against}", if passed { ">=" } else { "<" });
-                if let Some(garbage) = answer.stated.as_ref().and_then(|s| {
-                    s.contradicts(answer.score, passed, &score_said, &completion.text)
-                }) {
-                    self.cache
-                        .forget(resolved.client, &request, task.repetition)
-                        .await;
-                    verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
-                    return (CriterionStatus::Error, garbage.to_string(), Some(verdict));
-                }
+            Ok((answer, passed, said)) => {
                 let detail = format!(
-                    "score {shown} {} {against}{}",
-                    if passed { ">=" } else { "<" },
+                    "score {said}{}",
                     answer
                         .justification
                         .as_deref()

@@ -264,18 +264,6 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 /// [`FLUSH_TIMEOUT`] at most for all of the export.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
 
-/// `Retry-After` in seconds (the form collectors send).
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
-}
-
 /// The traces URL as warnings show it: without a query, which may hold a token.
 fn shown_url(url: &str) -> String {
     match url.split_once('?') {
@@ -1008,9 +996,12 @@ impl SendLoop {
                             let status = response.status();
                             let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
                             if retryable && attempt < EXPORT_RETRIES {
-                                let wait = retry_after(response.headers())
-                                    .unwrap_or(RETRY_BACKOFF * 2u32.pow(attempt))
-                                    .min(MAX_RETRY_WAIT);
+                                let wait = crate::transport::http::retry_after(
+                                    response.headers(),
+                                    SystemTime::now(),
+                                )
+                                .unwrap_or(RETRY_BACKOFF * 2u32.pow(attempt))
+                                .min(MAX_RETRY_WAIT);
                                 attempt += 1;
                                 tokio::time::sleep(wait).await;
                                 continue;

@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
@@ -585,17 +585,19 @@ fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {
             )));
         }
     };
-    if let Some(call) = m.remove("function_call").filter(|c| !c.is_null()) {
-        let wrapped = serde_json::json!({"type": "function", "function": call});
-        tool_calls.push(parse_tool_call(i, tool_calls.len(), wrapped).map_err(|f| {
-            Fault::new(
-                f.category,
-                f.message.replace(
-                    &format!("messages[{i}].tool_calls[{}].function", tool_calls.len()),
-                    &format!("messages[{i}].function_call"),
-                ),
-            )
-        })?);
+    match m.remove("function_call") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(function)) => tool_calls.push(ToolCall {
+            id: String::new(),
+            kind: "function".to_owned(),
+            function: parse_function(&format!("messages[{i}].function_call"), function)?,
+        }),
+        Some(other) => {
+            return Err(protocol(format!(
+                "messages[{i}].function_call is {}, expected an object",
+                kind_of(&other)
+            )));
+        }
     }
     Ok(ChatMessage {
         role: legacy_role(role),
@@ -628,12 +630,22 @@ fn parse_tool_call(i: usize, j: usize, call: Value) -> Result<ToolCall, Fault> {
             kind_of(&call)
         )));
     };
-    let Some(Value::Object(mut function)) = call.remove("function") else {
+    let Some(Value::Object(function)) = call.remove("function") else {
         return Err(protocol(format!("{} has no `function` object", at())));
     };
+    Ok(ToolCall {
+        function: parse_function(&format!("{}.function", at()), function)?,
+        id: optional_string(call.remove("id")).unwrap_or_default(),
+        kind: optional_string(call.remove("type")).unwrap_or_else(|| "function".to_owned()),
+    })
+}
+
+/// A call's `{name, arguments}` (a tool call's `function`, or a legacy `function_call`),
+/// `at` saying where it is.
+fn parse_function(at: &str, mut function: Map<String, Value>) -> Result<ToolCallFunction, Fault> {
     let name = match function.remove("name") {
         Some(Value::String(name)) => name,
-        _ => return Err(protocol(format!("{}.function.name is not a string", at()))),
+        _ => return Err(protocol(format!("{at}.name is not a string"))),
     };
     // The spec says a JSON string; agents built on some frameworks send the object itself.
     let arguments = match function.remove("arguments") {
@@ -641,11 +653,7 @@ fn parse_tool_call(i: usize, j: usize, call: Value) -> Result<ToolCall, Fault> {
         None | Some(Value::Null) => "{}".to_owned(),
         Some(other) => other.to_string(),
     };
-    Ok(ToolCall {
-        id: optional_string(call.remove("id")).unwrap_or_default(),
-        kind: optional_string(call.remove("type")).unwrap_or_else(|| "function".to_owned()),
-        function: ToolCallFunction { name, arguments },
-    })
+    Ok(ToolCallFunction { name, arguments })
 }
 
 /// Pairs each assistant tool call with the `tool` message answering it

@@ -217,11 +217,7 @@ fn tally(t: Option<CompareTally>) -> String {
 }
 
 fn p_value(p: Option<f64>) -> String {
-    match p {
-        Some(p) if p < 0.001 => "p < 0.001".to_owned(),
-        Some(p) => format!("p = {p:.3}"),
-        None => String::new(),
-    }
+    p.map(crate::compare::p_said).unwrap_or_default()
 }
 
 /// How a change is coloured: by its sign, unless the comparison found none (a latency of
