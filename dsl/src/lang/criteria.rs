@@ -34,6 +34,11 @@ pub static CRITERIA: [&NodeSpec; 17] = [
         .args(&[ArgSpec::new("NAME", ValueType::Ref("tool"), Repeat::One)])
         .props(&[
             PropSpec::new("count", ValueType::Count, "exactly N such calls"),
+            PropSpec::new(
+                "params-json",
+                ValueType::String,
+                "more parameters, as one JSON object",
+            ),
             PropSpec::new(ANY_KEY, ValueType::Any, "a parameter the call has"),
         ])
         .repeatable(),

@@ -161,6 +161,11 @@ pub static EXPECT_TOOL: NodeSpec = NodeSpec::node(
 .args(&[ArgSpec::new("NAME", ValueType::Ref("tool"), Repeat::One)])
 .props(&[
     PropSpec::new("count", ValueType::Count, "exactly N such calls"),
+    PropSpec::new(
+        "params-json",
+        ValueType::String,
+        "more parameters, as one JSON object",
+    ),
     PropSpec::new(ANY_KEY, ValueType::Any, "a parameter the call has"),
 ])
 .repeatable();

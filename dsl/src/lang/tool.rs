@@ -50,6 +50,11 @@ pub static MOCK: NodeSpec = NodeSpec::node(
         "the answer: JSON text, else the string",
     )
     .required(),
+    PropSpec::new(
+        "params-json",
+        ValueType::String,
+        "more arguments, as one JSON object",
+    ),
     PropSpec::new(ANY_KEY, ValueType::Any, "an argument the call must have"),
 ])
 .children(Children::Nodes(&MOCK_CHILDREN))
@@ -68,11 +73,14 @@ pub static SEQUENCE_CHILDREN: [&NodeSpec; 1] = [&OUTPUT];
 
 pub static OUTPUT: NodeSpec = NodeSpec::node("output", "one output of a `sequence`")
     .args(&[ArgSpec::new("VALUE", ValueType::Any, Repeat::One)])
-    .props(&[PropSpec::new(
-        ANY_KEY,
-        ValueType::Any,
-        "an argument the call must match",
-    )])
+    .props(&[
+        PropSpec::new(
+            "params-json",
+            ValueType::String,
+            "more arguments, as one JSON object",
+        ),
+        PropSpec::new(ANY_KEY, ValueType::Any, "an argument the call must match"),
+    ])
     .repeatable();
 
 /// A change to the sandbox's state document (in a `tool` or a `mock`).

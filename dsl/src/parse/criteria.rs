@@ -506,29 +506,47 @@ impl<'f> Decoder<'f> {
         spec: &NodeSpec,
         templates: &mut Vec<CriterionTemplate>,
     ) -> Option<CriterionKind> {
-        let usage = format!("{} \"NAME\" KEY=VALUE… count=N", v.name);
+        let usage = format!("{} \"NAME\" KEY=VALUE… count=N params-json=JSON", v.name);
         self.check_args_of(v, spec, &usage);
         self.check_props_of(v, spec);
         let name = self.id_arg(v, "a tool name", &usage)?;
         let mut params = Map::new();
         let mut count = None;
+        let mut spans = Vec::new();
         for p in v.props.clone() {
             let key = prop_name(p);
             if key == "count" {
                 count = self.u32(p, 0);
+            } else if key == "params-json" {
+                continue;
             } else if let Some(val) = self.json(p) {
-                if let Value::String(source) = &val
-                    && template::is_template(source)
-                {
-                    templates.push(CriterionTemplate {
-                        slot: ValueSlot::ToolParam(key.to_string()),
-                        template: Template {
-                            source: source.clone(),
-                            span: self.span(value_span(p)),
-                        },
-                    });
-                }
+                spans.push((key.to_string(), value_span(p)));
                 params.insert(key.to_string(), val);
+            }
+        }
+        if let Some(e) = v.prop("params-json") {
+            let written: Vec<String> = params.keys().cloned().collect();
+            self.params_json(e, &mut params);
+            spans.extend(
+                params
+                    .keys()
+                    .filter(|k| !written.contains(k))
+                    .map(|k| (k.clone(), value_span(e))),
+            );
+        }
+        // A top-level string argument written with template syntax is rendered per run,
+        // in either form.
+        for (key, span) in spans {
+            if let Some(Value::String(source)) = params.get(&key)
+                && template::is_template(source)
+            {
+                templates.push(CriterionTemplate {
+                    slot: ValueSlot::ToolParam(key),
+                    template: Template {
+                        source: source.clone(),
+                        span: self.span(span),
+                    },
+                });
             }
         }
         Some(CriterionKind::Tool {

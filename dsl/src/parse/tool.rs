@@ -181,12 +181,15 @@ impl<'f> Decoder<'f> {
         let mut when = Map::new();
         for p in &v.props {
             let key = prop_name(p);
-            if key == "returns" {
+            if key == "returns" || key == "params-json" {
                 continue;
             }
             if let Some(val) = self.json(p) {
                 when.insert(key.to_string(), val);
             }
+        }
+        if let Some(e) = v.prop("params-json") {
+            self.params_json(e, &mut when);
         }
         Some(ToolMock {
             when,
@@ -233,10 +236,13 @@ impl<'f> Decoder<'f> {
                 continue;
             };
             let mut when = Map::new();
-            for p in &cv.props {
+            for p in cv.props.iter().filter(|p| prop_name(p) != "params-json") {
                 if let Some(val) = self.json(p) {
                     when.insert(prop_name(p).to_string(), val);
                 }
+            }
+            if let Some(e) = cv.prop("params-json") {
+                self.params_json(e, &mut when);
             }
             outputs.push(SequenceOutput { value, when });
         }
@@ -312,6 +318,46 @@ impl<'f> Decoder<'f> {
                 self.report(d);
                 None
             }
+        }
+    }
+
+    /// `params-json=#"{…}"#`: arguments to match written as one JSON object, for a parameter
+    /// a `KEY=VALUE` cannot write: one named as the node's own setting (`count`, `returns`,
+    /// `params-json`), or one whose value is an object or a list. Its keys join `params`
+    /// as `KEY=VALUE`s would; a key written both ways is an error, since which one holds
+    /// would be a guess.
+    pub(super) fn params_json(&mut self, e: &KdlEntry, params: &mut Map<String, Value>) {
+        let Some(value) = self.json_text(e) else {
+            return;
+        };
+        let Value::Object(object) = value else {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`params-json` must be a JSON object of the call's arguments",
+                    value_span(e),
+                    "not an object",
+                )
+                .with_help(r##"write the arguments as an object: params-json=#"{"count": 2}"#"##);
+            self.report(d);
+            return;
+        };
+        for (key, value) in object {
+            if params.contains_key(&key) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        format!(
+                            "argument `{key}` is written both as `{key}=` and in `params-json`"
+                        ),
+                        value_span(e),
+                        "written twice",
+                    )
+                    .with_help("keep one of the two");
+                self.report(d);
+                continue;
+            }
+            params.insert(key, value);
         }
     }
 

@@ -889,3 +889,52 @@ fn matrix_instances_hold_their_own_values_not_the_matrix() {
     .render_plain();
     assert_eq!(twice.matches("is given twice").count(), 2, "{twice}");
 }
+
+#[test]
+fn params_json_adds_arguments_a_key_value_cannot_write() {
+    let p = load_text(
+        r##"
+agent "a" protocol="multiagent" builtin="support"
+tool "order" {
+    mock returns="two" qty=1 params-json=#"{"returns": 2, "address": {"city": "Rome"}}"#
+}
+scenario "s" {
+    user "order"
+    capture "x" regex=#"(\w+)"#
+    expect tool "order" count=1 params-json=#"{"count": 3, "tag": "{{ vars.x }}"}"#
+}
+"##,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let mock = &p.tools[0].mocks[0];
+    assert_eq!(
+        serde_json::Value::Object(mock.when.clone()),
+        serde_json::json!({"qty": 1, "returns": 2, "address": {"city": "Rome"}})
+    );
+    assert_eq!(mock.returns, serde_json::json!("two"));
+    let (_, sc) = p.scenarios().next().unwrap();
+    let expects: Vec<&trellis_dsl::Criterion> = sc
+        .steps
+        .iter()
+        .filter_map(|s| match &s.kind {
+            trellis_dsl::StepKind::Expect(c) => Some(c.iter()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    match &expects[0].kind {
+        CriterionKind::Tool { params, count, .. } => {
+            assert_eq!(*count, Some(1));
+            assert_eq!(
+                serde_json::Value::Object(params.clone()),
+                serde_json::json!({"count": 3, "tag": "{{ vars.x }}"})
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        expects[0].templates.len(),
+        1,
+        "the string member is a template"
+    );
+}

@@ -578,3 +578,54 @@ proptest! {
         let _ = decoder.finish();
     }
 }
+
+/// `params-json` matches what a `KEY=VALUE` cannot write: an argument named `count` (the
+/// check's own number of calls) and arguments whose values are objects or lists, each
+/// compared whole by JSON equality.
+#[tokio::test]
+async fn params_json_matches_an_argument_named_count_and_object_values() {
+    let server = MisbehavingServer::respond(
+        200,
+        r#"{"answer": "Ordered.", "calls": [{"id": "c1", "type": "function", "function": {"name": "order",
+            "arguments": "{\"count\": 3, \"address\": {\"city\": \"Rome\", \"zip\": \"00100\"}, \"items\": [\"a\", \"b\"], \"note\": \"Rome\"}"}}]}"#,
+    )
+    .await;
+    let text = format!(
+        r##"
+agent "bot" protocol="http" url="{}" {{
+    request #"{{"q": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.answer"
+    tool-calls json-path="$.calls"
+}}
+scenario "s" {{
+    user-context {{ city "Rome" }}
+    user "order"
+    expect tool "order" params-json=#"{{"count": 3}}"# count=1
+    expect tool "order" params-json=#"{{"address": {{"city": "Rome", "zip": "00100"}}, "items": ["a", "b"]}}"#
+    expect tool "order" note="Rome" params-json=#"{{"count": 3.0, "note2": null}}"#
+    expect tool "order" params-json=#"{{"count": 2}}"#
+    expect tool "order" params-json=#"{{"address": {{"city": "Rome"}}}}"#
+    expect tool "order" params-json=#"{{"note": "{{{{ user_context.city }}}}"}}"#
+}}
+"##,
+        server.url()
+    );
+    let t = only(&text).await;
+    let statuses: Vec<(String, Option<String>)> = t
+        .criteria
+        .iter()
+        .map(|c| (format!("{:?}", c.status), c.detail.clone()))
+        .collect();
+    let passed: Vec<bool> = t
+        .criteria
+        .iter()
+        .map(|c| c.status == trellis_engine::record::CriterionStatus::Passed)
+        .collect();
+    // The third fails on `note2`, which the call does not have; the fourth on the count's
+    // value; the fifth because an object is compared whole, not as a subset.
+    assert_eq!(
+        passed,
+        [true, true, false, false, false, true],
+        "{statuses:?}"
+    );
+}

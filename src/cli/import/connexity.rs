@@ -717,29 +717,27 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
     for (key, value) in call {
         match (key.as_str(), value) {
             ("expected_params", Value::Object(params)) => {
+                // A param named `count` (`expect-tool`'s own number of calls) or holding an
+                // object or a list goes in `params-json`, which writes any of them.
+                let mut as_json = serde_json::Map::new();
                 for (param, value) in params {
-                    let written = match &value {
-                        Value::String(s) => Some(kdl_string(&literal_template(s))),
-                        Value::Bool(_) | Value::Number(_) | Value::Null => Some(kdl_value(&value)),
-                        _ => None,
-                    };
-                    match written {
-                        Some(v) if param != "count" => {
+                    match value {
+                        Value::String(s) if param != "count" => {
+                            let v = kdl_string(&literal_template(&s));
                             let _ = write!(line, " {}={v}", kdl_key(&param));
                         }
-                        _ => lost(format!(
-                            "`expected_tool_calls[{index}].expected_params.{param}` {} \
-                             (not checked: {})",
-                            brief(&value),
-                            if param == "count" {
-                                "`count=` is `expect-tool`'s own number of calls"
-                            } else {
-                                "an object or a list cannot be written as a parameter of \
-                                 `expect-tool`"
-                            }
-                        )),
+                        Value::Bool(_) | Value::Number(_) | Value::Null if param != "count" => {
+                            let _ = write!(line, " {}={}", kdl_key(&param), kdl_value(&value));
+                        }
+                        Value::String(s) => {
+                            as_json.insert(param, Value::String(literal_template(&s)));
+                        }
+                        value => {
+                            as_json.insert(param, value);
+                        }
                     }
                 }
+                write_params_json(&mut line, as_json);
             }
             ("expected_params" | "mock_responses", Value::Null) => {}
             ("mock_responses", Value::Array(mocks)) => {
@@ -762,8 +760,8 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
 
 /// `mock_responses [{expected_params?, response}]` as a sequence's `output` lines: the
 /// response as JSON text, each expected param a property (matched as Connexity matches
-/// them, see docs/language.md). A param KDL cannot write as a property (an object or array)
-/// is left out and reported: that answer then takes any value of it.
+/// them, see docs/language.md), and a param KDL cannot write as a property (an object or a
+/// list) in `params-json`.
 fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) -> Vec<String> {
     let mut outputs = Vec::with_capacity(mocks.len());
     for (i, mock) in mocks.into_iter().enumerate() {
@@ -788,18 +786,18 @@ fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) 
         for (key, value) in mock {
             match (key.as_str(), value) {
                 ("expected_params", Value::Object(params)) => {
+                    let mut as_json = serde_json::Map::new();
                     for (param, value) in params {
                         match &value {
                             Value::String(_) | Value::Bool(_) | Value::Number(_) | Value::Null => {
                                 let _ = write!(line, " {}={}", kdl_key(&param), kdl_value(&value));
                             }
-                            _ => lost(format!(
-                                "{at}.expected_params.{param}` {} (not matched: this answer takes \
-                                 any {param})",
-                                brief(&value)
-                            )),
+                            _ => {
+                                as_json.insert(param, value);
+                            }
                         }
                     }
+                    write_params_json(&mut line, as_json);
                 }
                 ("expected_params", Value::Null) => {}
                 ("expected_params", other) => lost(format!(
@@ -813,6 +811,14 @@ fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) 
         outputs.push(line);
     }
     outputs
+}
+
+/// ` params-json="{…}"` after a line's `KEY=VALUE`s, for the params none can write.
+fn write_params_json(line: &mut String, params: serde_json::Map<String, Value>) {
+    if !params.is_empty() {
+        let text = Value::Object(params).to_string();
+        let _ = write!(line, " params-json={}", kdl_string(&text));
+    }
 }
 
 /// Where a setting line goes among the scenario's settings (stable for equal ranks).
