@@ -502,8 +502,15 @@ pub fn check_reading_env(
         let help = if let Some(h) = scope.hints.get(&shown).or(scope.hints.get(root)) {
             h.clone()
         } else if let (Some(Names::Only(set)), Some(attr)) = (scope.roots.get(root), attr) {
+            // A near miss of a name the scope knows only later (a capture after this step)
+            // is the likelier typo than "nothing here".
+            let later = did_you_mean(&shown, scope.hints.keys().map(String::as_str))
+                .and_then(|best| Some((best, scope.hints.get(best)?)));
             match did_you_mean(attr, set.iter().map(String::as_str)) {
                 Some(best) => format!("did you mean `{root}.{best}`?"),
+                None if let Some((best, hint)) = later => {
+                    format!("did you mean `{best}`? {hint}")
+                }
                 None if set.is_empty() => format!("`{root}` is empty here"),
                 None => format!(
                     "`{root}` has: {}",

@@ -1519,7 +1519,7 @@ impl<'p> Validator<'p> {
             for (ci, sc) in suite.scenarios.iter().enumerate() {
                 for need in &sc.needs {
                     let resolver = resolver.get_or_insert_with(|| NeedResolver::of(p));
-                    let Some(target) = self.resolve_need(resolver, si, need) else {
+                    let Some(target) = self.resolve_need(resolver, (si, ci), need) else {
                         continue;
                     };
                     if let (Some(from), Some(to)) = (index.get(&(si, ci)), index.get(&target)) {
@@ -1576,7 +1576,7 @@ impl<'p> Validator<'p> {
     fn resolve_need(
         &mut self,
         resolver: &NeedResolver<'_>,
-        suite: usize,
+        (suite, own): (usize, usize),
         need: &Spanned<String>,
     ) -> Option<(usize, usize)> {
         let p = self.project;
@@ -1605,7 +1605,10 @@ impl<'p> Validator<'p> {
                 .map(|s| {
                     s.scenarios
                         .iter()
-                        .map(|sc| {
+                        .enumerate()
+                        // The scenario that needs is no "did you mean" of its own `needs`.
+                        .filter(|&(ci, _)| (si, ci) != (suite, own))
+                        .map(|(_, sc)| {
                             if cross {
                                 format!("{}/{}", s.name, sc.id.value)
                             } else {
@@ -1638,6 +1641,9 @@ impl<'p> Validator<'p> {
                 "no suite with that name; suites: {}; write `needs \"SUITE/SCENARIO\"`",
                 quoted(&refs)
             ),
+            (Some(si), None) if refs.is_empty() && (si == suite) => {
+                "no other scenario in this suite (a scenario cannot need itself)".to_owned()
+            }
             (Some(_), None) => reference_help(&need.value, &refs, "scenario"),
         };
         let d = Diagnostic::at_span(

@@ -982,6 +982,54 @@ pub(crate) fn syntax_diagnostics(
             stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line(at))
         })
         .collect();
+    // A quoted string with an escape KDL does not know (`"\d+ rooms"`, a regex): the parser,
+    // lost inside it, reports the rest of the string as more errors (`+ rooms`: "Expected
+    // identifier string") and, having lost the nesting, blocks never closed and `}`s closing
+    // nothing. One mistake: the string's error stands for those inside it, and brace errors
+    // are kept only where the text's own braces say so.
+    let mut bad_escapes: Vec<Range<usize>> = errors
+        .iter()
+        .filter_map(|d| {
+            let at = d.span.offset();
+            let snippet = text.get(at..at + d.span.len())?;
+            (snippet.starts_with('"') && snippet.contains('\\'))
+                .then(|| closing_quote(text, at).map(|close| at + 1..close + 1))
+                .flatten()
+        })
+        .collect();
+    // Strings do not overlap: sorted, only the last one starting at or before an offset can
+    // hold it (a garbled file has thousands of errors and of strings).
+    bad_escapes.sort_by_key(|r| r.start);
+    bad_escapes.dedup();
+    let in_a_bad_escape = |at: usize| {
+        let after = bad_escapes.partition_point(|r| r.start <= at);
+        after > 0 && bad_escapes.get(after - 1).is_some_and(|r| r.contains(&at))
+    };
+    let errors: Vec<_> = if bad_escapes.is_empty() {
+        errors
+    } else {
+        let (unclosed, stray) = unmatched_braces(text);
+        errors
+            .into_iter()
+            .filter(|d| {
+                let at = d.span.offset();
+                if in_a_bad_escape(at) {
+                    return false;
+                }
+                let message = d.message.as_deref().unwrap_or_default();
+                if message.starts_with("No closing '}'")
+                    || message.starts_with("Closing '}' was not found")
+                {
+                    return unclosed.contains(&at);
+                }
+                if message.contains("end of document") {
+                    return stray.contains(&at)
+                        || !text.get(at..).is_some_and(|rest| rest.starts_with('}'));
+                }
+                true
+            })
+            .collect()
+    };
     // `branch "x" { … } branch "y" { … }` on one line: KDL ends a node at a new line or
     // `;`, so the parser takes the second node for text after the document's end, then
     // reports the block around it never closed and that block's `}` closing nothing. One
@@ -1177,7 +1225,42 @@ pub(crate) fn syntax_diagnostics(
             d.help
                 .unwrap_or_else(|| "suite files are KDL v2 documents (https://kdl.dev)".into())
         };
-        diags.push(Diagnostic::at(Kind::Syntax, message, id, file, d.span, label).with_help(help));
+        let unclosed_block_here = message.starts_with("No closing '}'");
+        // Name the escape itself: "Expected quoted string" says nothing of a backslash.
+        let (message, label, help) = match unknown_escape(snippet) {
+            Some(escape) => {
+                // The string as a raw string, when it reads as one: what to write instead.
+                let raw = closing_quote(text, d.span.offset())
+                    .and_then(|close| text.get(d.span.offset() + 1..close))
+                    .filter(|body| !body.contains("\"#"))
+                    .map_or_else(|| "#\"\\d+\"#".to_owned(), |body| format!("#\"{body}\"#"));
+                (
+                    format!("unknown escape `{escape}` in a quoted string"),
+                    format!("`{escape}` here"),
+                    format!(
+                        "a backslash starts an escape in a quoted KDL string, and `{escape}` is \
+                         not one; write a regex as a raw string, where a backslash is itself: \
+                         {raw}"
+                    ),
+                )
+            }
+            None => (message, label, help),
+        };
+        let mut diag = Diagnostic::at(Kind::Syntax, message, id, file, d.span, label);
+        // The parser names the outermost block left open, by count; the block missing its
+        // `}` is often one inside it, whose `}` by count sits at another block's indentation.
+        if unclosed_block_here && let Some((open, close)) = misindented_block(text, d.span.offset())
+        {
+            let line = text.get(..close).map_or(0, |t| t.matches('\n').count()) + 1;
+            diag = diag.with_label(
+                SourceSpan::from(open..open + 1),
+                format!(
+                    "perhaps this one: the `}}` that closes it by count (line {line}) is \
+                     indented as another block's"
+                ),
+            );
+        }
+        diags.push(diag.with_help(help));
     }
     if found > MAX_SYNTAX_ERRORS {
         diags.push(
@@ -1193,6 +1276,69 @@ pub(crate) fn syntax_diagnostics(
         );
     }
     diags
+}
+
+/// Inside the block opened at `outer`, the first block whose `{` and the `}` that closes it
+/// (by count) start lines of different indentation, as offsets: in a file indented as
+/// written, where the `}` that was left out belongs.
+fn misindented_block(text: &str, outer: usize) -> Option<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let indent = |at: usize| {
+        let start = text
+            .get(..at)
+            .map_or(0, |t| t.rfind('\n').map_or(0, |n| n + 1));
+        let line = text.get(start..at).unwrap_or("");
+        let blanks = line.len() - line.trim_start().len();
+        // A `}` after other text on its line says nothing of its block's indentation.
+        (line.trim_start().is_empty() || bytes.get(at) == Some(&b'{')).then_some(blanks)
+    };
+    let mut open = Vec::new();
+    let mut i = outer;
+    while let Some(&b) = bytes.get(i) {
+        let next = match b {
+            b'{' => {
+                open.push(i);
+                Ok(i + 1)
+            }
+            b'}' => {
+                let o = open.pop()?;
+                if o != outer
+                    && let (Some(a), Some(c)) = (indent(o), indent(i))
+                    && a != c
+                {
+                    return Some((o, i));
+                }
+                Ok(i + 1)
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => Ok(crate::depth::skip_line(bytes, i)),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => crate::depth::skip_comment(bytes, i),
+            b'"' => crate::depth::skip_quoted(bytes, i),
+            b'#' => crate::depth::skip_raw(bytes, i),
+            _ => Ok(i + 1),
+        };
+        i = next.unwrap_or(bytes.len()).max(i + 1);
+    }
+    None
+}
+
+/// The first escape in a quoted string that KDL v2 does not define (`\d` in `"\d+"`): its
+/// escapes are `\n \r \t \\ \" \b \f \s \u{…}` and a backslash before whitespace.
+fn unknown_escape(quoted: &str) -> Option<String> {
+    let body = quoted.strip_prefix('"')?;
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return None,
+            '\\' => match chars.next() {
+                Some('n' | 'r' | 't' | '\\' | '"' | 'b' | 'f' | 's' | 'u') => {}
+                Some(w) if w.is_whitespace() => {}
+                Some(other) => return Some(format!("\\{other}")),
+                None => return None,
+            },
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The text's braces, strings and comments skipped: the offsets of `{` never closed, and of
