@@ -248,9 +248,15 @@ pub fn write_reports_to(
             .and_then(|m| m.compared_with)
         && let Ok(text) = std::fs::read(run_dir.join(COMPARE_FILE))
         && let Ok(comparison) = serde_json::from_slice::<compare::Comparison>(&text)
-        && let Err(e) = add_gate_to_junit(out_dir, &baseline, &comparison)
     {
-        files.not_written.push((files.junit.clone(), e));
+        if let Err(e) = add_gate_to_junit(out_dir, &baseline, &comparison) {
+            files.not_written.push((files.junit.clone(), e));
+        }
+        if !files.not_written.iter().any(|(p, _)| *p == files.html)
+            && let Err(e) = add_gate_to_report(out_dir, &baseline, &comparison)
+        {
+            files.not_written.push((files.html.clone(), e));
+        }
     }
     Ok(files)
 }
@@ -743,6 +749,22 @@ pub fn add_gate_to_junit(
     comparison: &compare::Comparison,
 ) -> Result<(), ReportError> {
     junit::add_gate(&run_dir.join(JUNIT_FILE), baseline, &comparison.regressions)
+}
+
+/// Adds the verdict of `run --baseline`'s comparison to the run's `report.html`: the banner
+/// that said a comparison follows now says whether the run passed the gate, with the first
+/// regressions (`compare.html` has them all).
+pub fn add_gate_to_report(
+    run_dir: &Path,
+    baseline: &str,
+    comparison: &compare::Comparison,
+) -> Result<(), ReportError> {
+    html::add_gate(
+        &run_dir.join(HTML_FILE),
+        baseline,
+        comparison.regressed,
+        &comparison.regressions,
+    )
 }
 
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {

@@ -700,6 +700,9 @@ pub(super) fn compare_with(
     if let Err(e) = trellis_reports::add_gate_to_junit(out, base.label(), &comparison) {
         errln!("warning: {e}: {}", source(&e));
     }
+    if let Err(e) = trellis_reports::add_gate_to_report(out, base.label(), &comparison) {
+        errln!("warning: {e}: {}", source(&e));
+    }
     let page = trellis_reports::ComparePage::from(&comparison);
     let path = out.join(trellis_reports::COMPARE_HTML_FILE);
     if let Err(e) = trellis_reports::write_compare(&path, &page) {

@@ -935,10 +935,11 @@ async fn a_stopped_run_is_no_baseline() {
 }
 
 /// Under `--baseline`, `junit.xml` carries the gate's verdict as a suite of its own: a CI
-/// that reads only JUnit sees the regression, and whether the run regressed at all. A
-/// rebuilt report and a finished run resumed with the same baseline keep one such case.
+/// that reads only JUnit sees the regression, and whether the run regressed at all; and
+/// `report.html` states it in its banner. A rebuilt report and a finished run resumed with
+/// the same baseline keep one such case and one banner.
 #[tokio::test]
-async fn junit_carries_the_gates_verdict_under_a_baseline() {
+async fn junit_and_the_report_carry_the_gates_verdict_under_a_baseline() {
     let work = tempfile::tempdir().unwrap();
     let suites = work.path().join("suites");
     std::fs::create_dir_all(suites.join("shared")).unwrap();
@@ -970,6 +971,7 @@ async fn junit_carries_the_gates_verdict_under_a_baseline() {
         command.output()
     };
     let junit = |name: &str| std::fs::read_to_string(runs.join(name).join("junit.xml")).unwrap();
+    let page = |name: &str| std::fs::read_to_string(runs.join(name).join("report.html")).unwrap();
     suite("postal code");
     let o = run("base", &[]).await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -988,6 +990,14 @@ async fn junit_carries_the_gates_verdict_under_a_baseline() {
              time=\"0.000\">\n      <system-out>compared with the baseline "
         ) && xml.contains(": no regression past the thresholds</system-out>"),
         "{xml}"
+    );
+    assert!(
+        page("same").contains(
+            "<div class=\"banner ok\" id=\"compared\"><b>The gate passed: no regression</b> \
+             against the baseline, run <code>"
+        ),
+        "{}",
+        page("same")
     );
 
     suite("no such words");
@@ -1010,7 +1020,18 @@ async fn junit_carries_the_gates_verdict_under_a_baseline() {
         );
         assert!(xml.ends_with("  </testsuite>\n</testsuites>\n"), "{xml}");
     };
+    let check_page = |html: &str| {
+        assert_eq!(html.matches(" id=\"compared\"").count(), 1, "{html}");
+        assert!(
+            html.contains(
+                "<div class=\"banner regressed\" id=\"compared\"><b>The gate failed: 3 \
+                 regressions</b>"
+            ) && html.contains("<li>scenario gate&#x2f;hello [demo]: 1&#x2f;1 → 0&#x2f;1 passed"),
+            "{html}"
+        );
+    };
     check_gate(&junit("head"));
+    check_page(&page("head"));
 
     // Rebuilt from the journal, the file has the gate again, once.
     let o = trellis()
@@ -1021,6 +1042,7 @@ async fn junit_carries_the_gates_verdict_under_a_baseline() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     check_gate(&junit("head"));
+    check_page(&page("head"));
     // A finished run resumed with its baseline gives the gate's answer again, once.
     let o = trellis()
         .arg("run")
@@ -1032,6 +1054,7 @@ async fn junit_carries_the_gates_verdict_under_a_baseline() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     check_gate(&junit("head"));
+    check_page(&page("head"));
 }
 
 #[tokio::test]

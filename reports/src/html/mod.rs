@@ -8,6 +8,7 @@
 //! only shows, hides and opens elements the page already has. Nothing is embedded as JSON.
 
 mod compare;
+mod gate;
 mod outline;
 mod trend;
 mod view;
@@ -23,6 +24,7 @@ use trellis_records::{RunInfo, RunSummary};
 pub use compare::{
     CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, write_compare,
 };
+pub(crate) use gate::add_gate;
 pub(crate) use outline::Outline;
 pub(crate) use trend::TrendSource;
 pub use trend::{ScenarioTrend, TrendPoint, Trends};
