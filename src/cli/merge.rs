@@ -238,6 +238,26 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             ),
         });
     }
+    // One version of the checks for the merged run: another trellis may decide a criterion,
+    // a fault's category or a record's columns otherwise (a shard restored from an older
+    // job's cache, say).
+    let versions: Vec<(&ShardDir, &str)> = shards
+        .iter()
+        .filter_map(|s| s.started.as_ref().map(|i| (s, i.trellis_version.as_str())))
+        .collect();
+    if let Some(&(first, version)) = versions.first()
+        && let Some(&(other, other_version)) = versions.iter().find(|(_, v)| *v != version)
+    {
+        return Err(MergeError::Mismatch {
+            what: format!(
+                "{} was run by trellis {version} and {} by trellis {other_version}: their \
+                 checks may have been decided differently; run every shard with the same \
+                 trellis",
+                first.dir.display(),
+                other.dir.display()
+            ),
+        });
+    }
     let missing = missing_by_shard(&split, &shards, &coverage);
     let total_missing: u64 = missing.values().map(|m| m.runs).sum();
     let planned = coverage.planned;

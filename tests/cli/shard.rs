@@ -1046,6 +1046,25 @@ async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
         "ran with --strict and",
     );
 
+    // Another trellis (a shard restored from an older job's cache): its checks may have been
+    // decided otherwise. Its journal says so in `run_started`.
+    let older = tmp.path().join("older");
+    let o = run_shard(&suite, "2/2", &older, &["--shard-costs", "none"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let version = format!("\"trellis_version\":\"{}\"", env!("CARGO_PKG_VERSION"));
+    let text = crate::journal_text(&older);
+    assert!(text.contains(&version), "{text}");
+    std::fs::remove_file(older.join(crate::JOURNAL)).unwrap();
+    std::fs::write(
+        older.join(trellis_engine::record::PLAIN_JOURNAL_FILE),
+        text.replacen(&version, "\"trellis_version\":\"0.0.1\"", 1),
+    )
+    .unwrap();
+    refused(
+        &merge(vec![a.clone(), older]).await,
+        "by trellis 0.0.1: their checks may have been decided differently",
+    );
+
     // The same directory named twice is one shard: a and b merge.
     let o = merge(vec![a.clone(), a.join("."), b]).await;
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
