@@ -184,15 +184,43 @@ fn parse(body: &[u8]) -> Result<Message, (Option<RequestId>, ErrorCode, String)>
         .cloned()
         .and_then(|id| serde_json::from_value::<RequestId>(id).ok());
     let has_method = value.get("method").is_some();
-    serde_json::from_value::<Message>(value).map_err(|e| {
+    // A response has `result` or `error`; an id with neither, and no method, can only be a
+    // request that lost its method, and the client waits for its answer.
+    let may_be_response = value.get("result").is_some() || value.get("error").is_some();
+    let shape = what_is_wrong(&value);
+    serde_json::from_value::<Message>(value).map_err(|_| {
         // Only a request can be answered; a malformed response or notification cannot.
-        let id = id.filter(|_| has_method);
+        let id = id.filter(|_| has_method || !may_be_response);
         (
             id,
             ErrorCode::InvalidRequest,
-            format!("not a JSON-RPC request, response or notification: {e}"),
+            format!("not a JSON-RPC request, response or notification: {shape}"),
         )
     })
+}
+
+/// What a message lacks, in JSON-RPC's terms (serde's own words name Rust's types: "data
+/// did not match any variant of untagged enum Message"), when it is plain to see.
+fn what_is_wrong(value: &serde_json::Value) -> &'static str {
+    let Some(object) = value.as_object() else {
+        return "the message is not a JSON object";
+    };
+    let id_ok = object
+        .get("id")
+        .is_none_or(|id| id.is_string() || id.is_i64() || id.is_u64());
+    match object.get("method") {
+        _ if !id_ok => "its `id` is neither a number nor a string",
+        Some(serde_json::Value::String(_)) => "its `params` are neither an object nor an array",
+        Some(_) => "`method` is not a string",
+        None if object.contains_key("result") || object.contains_key("error") => {
+            "a response has an `id` and either a `result` or an `error` with a numeric `code` \
+             and a `message`"
+        }
+        None if object.contains_key("id") => {
+            "it has an `id` but no `method` (a request) nor `result` or `error` (a response)"
+        }
+        None => "it has no `method`",
+    }
 }
 
 #[cfg(test)]
@@ -261,5 +289,32 @@ mod tests {
             r.response_result.as_ref().err().map(|e| e.code),
             Some(ErrorCode::InvalidRequest as i32)
         );
+    }
+
+    /// An id with no method, result or error is a request that lost its method: answered,
+    /// in JSON-RPC's words. A malformed response (it has `result`) is not answered.
+    #[test]
+    fn an_id_without_a_method_is_answered_and_said_plainly() {
+        let input = frame(r#"{"jsonrpc":"2.0","id":9}"#)
+            + &frame(r#"{"jsonrpc":"2.0","id":10,"result":5,"error":{"code":"x"}}"#);
+        let (incoming, _received) = bounded(4);
+        let (answers, answered) = bounded(4);
+        let mut log = Vec::new();
+        read_messages(&mut input.as_bytes(), &incoming, &answers, &mut log);
+        let answered: Vec<Message> = answered.try_iter().collect();
+        assert_eq!(answered.len(), 1, "{answered:?}");
+        let Message::Response(r) = &answered[0] else {
+            panic!("{answered:?}")
+        };
+        assert_eq!(r.id, RequestId::from(9));
+        let message = r.response_result.as_ref().err().map(|e| e.message.clone());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains("an `id` but no `method`")),
+            "{message:?}"
+        );
+        let log = String::from_utf8(log).unwrap();
+        assert!(!log.contains("untagged enum"), "{log}");
     }
 }
