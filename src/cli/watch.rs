@@ -1015,9 +1015,9 @@ impl Session {
             }
             Executed::Superseded(_) => outln!(
                 // What comes next is the newer save's: a rerun, or its errors.
-                "watch: rerun {} stopped by a newer save ({} agent call(s) made)",
+                "watch: rerun {} stopped by a newer save ({} made)",
                 header.number,
-                called
+                super::console::count(called, "agent call", "agent calls")
             ),
             Executed::Stopped => {}
         }
@@ -1154,20 +1154,23 @@ impl RunHeader {
             .unwrap_or_default();
         match summary {
             Some(s) => outln!(
-                "watch: rerun {} done in {} ms{first}: {} trajectories: {} passed, {} failed, \
-                 {} error(s), {} skipped; {called} agent call(s), {reused} turn(s) reused; {}",
+                "watch: rerun {} done in {} ms{first}: {}: {} passed, {} failed, {}, {} \
+                 skipped; {}, {} reused; {}",
                 self.number,
                 took.as_millis(),
-                s.trajectories,
+                super::console::count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
-                s.errors,
+                super::console::count(s.errors, "error", "errors"),
                 s.skipped,
+                super::console::count(called, "agent call", "agent calls"),
+                super::console::count(reused, "turn", "turns"),
                 out.display()
             ),
             None => outln!(
-                "watch: rerun {} ended without a summary; {called} agent call(s); {}",
+                "watch: rerun {} ended without a summary; {}; {}",
                 self.number,
+                super::console::count(called, "agent call", "agent calls"),
                 out.display()
             ),
         }

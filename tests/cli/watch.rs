@@ -226,7 +226,7 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
         !text.contains("· left [bot"),
         "the untouched branch is not shown: {text}"
     );
-    assert!(text.contains("2 agent call(s)"), "{text}");
+    assert!(text.contains("2 agent calls"), "{text}");
 
     // A criterion only: re-checked on the recorded transcripts, no agent call.
     let before = agent.requests();
@@ -236,7 +236,7 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     let text = lines.join("\n");
     assert!(text.contains("checks changed"), "{text}");
     assert!(text.contains("failed turns max=1"), "{text}");
-    assert!(text.contains("0 agent call(s)"), "{text}");
+    assert!(text.contains("0 agent calls"), "{text}");
 
     // Comments and formatting change nothing: no rerun. The next real edit is rerun 4.
     let commented = format!(
@@ -456,7 +456,7 @@ async fn included_files_are_followed_when_added_renamed_and_deleted() {
     std::fs::remove_file(shared.join("more.kdl")).unwrap();
     let lines = watch.wait_for("watch: rerun 7 done").await;
     assert!(
-        lines.join("\n").contains("0 agent call(s)"),
+        lines.join("\n").contains("0 agent calls"),
         "{}",
         watch.all()
     );
@@ -496,7 +496,7 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
         .await;
     let lines = watch.wait_for("watch: rerun 2 done").await;
     let text = lines.join("\n");
-    assert!(text.contains("1 agent call(s)"), "{}", watch.all());
+    assert!(text.contains("1 agent call"), "{}", watch.all());
     assert_eq!(last_user_messages(&fast), ["hi", "hello"]);
 }
 
@@ -980,7 +980,7 @@ scenario "alone" {{
     // Only its checks: re-checked, and the dependant keeps its recorded turns.
     write(&suite, &text("create it now", 4));
     let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
-    assert!(lines.contains("0 agent call(s)"), "{lines}");
+    assert!(lines.contains("0 agent calls"), "{lines}");
     assert_eq!(agent.requests(), 5);
 
     // Its check fails: the dependant is skipped, and is not run. Put back, the dependant
@@ -990,7 +990,7 @@ scenario "alone" {{
     watch.wait_for("watch: rerun 4 done").await;
     write(&suite, &text("create it now", 4));
     let lines = watch.wait_for("watch: rerun 5 done").await.join("\n");
-    assert!(lines.contains("0 agent call(s)"), "{}", watch.all());
+    assert!(lines.contains("0 agent calls"), "{}", watch.all());
     assert_eq!(agent.requests(), 5, "{}", watch.all());
 }
 
@@ -1028,7 +1028,7 @@ scenario "remembers" {{
     write(&suite, &text("What did I ask before?"));
     let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
     // The two prefix turns again, then the changed one; the agent still knows Paris.
-    assert!(lines.contains("3 agent call(s)"), "{lines}");
+    assert!(lines.contains("3 agent calls"), "{lines}");
     assert!(
         lines.contains("passed  suite/remembers · recall"),
         "{lines}"
@@ -1119,7 +1119,7 @@ async fn a_save_through_a_backup_rename_is_seen() {
     );
     std::fs::remove_file(&backup).unwrap();
     let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
-    assert!(lines.contains("1 agent call(s)"), "{}", watch.all());
+    assert!(lines.contains("1 agent call"), "{}", watch.all());
     assert_eq!(last_user_messages(&agent).last().unwrap(), "go west");
 }
 
@@ -1241,7 +1241,7 @@ async fn a_spans_agents_spans_are_collected_and_kept_for_reused_turns() {
     let done = watch.wait_for("watch: rerun 2 done").await;
     let lines = done.join("\n");
     assert!(
-        lines.contains("1 passed") && lines.contains("0 agent call(s), 2 turn(s) reused"),
+        lines.contains("1 passed") && lines.contains("0 agent calls, 2 turns reused"),
         "{}",
         watch.all()
     );
@@ -1263,7 +1263,7 @@ async fn a_spans_agents_spans_are_collected_and_kept_for_reused_turns() {
     );
     let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
     assert!(
-        lines.contains("1 passed") && lines.contains("1 agent call(s), 1 turn(s) reused"),
+        lines.contains("1 passed") && lines.contains("1 agent call, 1 turn reused"),
         "{}",
         watch.all()
     );
@@ -1657,7 +1657,7 @@ async fn a_scenario_that_goes_and_comes_back_unchanged_reuses_its_turns() {
     write(&suites.join("main.kdl"), &format!("{main}{going}"));
     let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
     assert!(lines.contains("rerun main/going (back)"), "{}", watch.all());
-    assert!(lines.contains("0 agent call(s)"), "{}", watch.all());
+    assert!(lines.contains("0 agent calls"), "{}", watch.all());
     assert_eq!(agent.requests(), calls, "{}", watch.all());
     // `latest/` has it whole, from the records.
     let latest = crate::journal_text(&dir.path().join("runs/latest"));

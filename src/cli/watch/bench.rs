@@ -140,10 +140,10 @@ fn measure(
             );
             return EXIT_FAILED;
         };
-        // `…; 6 agent call(s), 39 turn(s) reused; …`
+        // `…; 6 agent calls, 39 turns reused; …` (`1 agent call`)
         let calls = end
             .1
-            .split_once(" agent call(s)")
+            .split_once(" agent call")
             .and_then(|(before, _)| before.rsplit(' ').next())
             .unwrap_or("?")
             .to_owned();
