@@ -96,6 +96,35 @@ impl Server {
                     let at_first = node
                         .arg(0)
                         .is_none_or(|a| a.span.start <= offset && offset <= a.span.end);
+                    // A first argument not written yet, of a kind with known values
+                    // (`hitl approve|reject`, `stream #true` as a node, `agent "ID"`): its
+                    // values, quoted as for `KEY=`.
+                    if spec.name != "expect"
+                        && node.arg(0).is_none()
+                        && let Some(arg) = spec.args.first()
+                        && matches!(
+                            arg.ty,
+                            ValueType::OneOf(_) | ValueType::Boolean | ValueType::Ref(_)
+                        )
+                    {
+                        let (_, index) = self.project_index(&path);
+                        let values = value_items(
+                            &chain,
+                            spec.name,
+                            spec.name,
+                            Some(arg.ty),
+                            &index,
+                            protocols,
+                            &path,
+                        );
+                        for mut item in values {
+                            if !item.label.starts_with('#') {
+                                item.insert_text =
+                                    Some(format!("\"{}\"", syntax::escape(&item.label)));
+                            }
+                            items.push(item);
+                        }
+                    }
                     if spec.name == "expect" && at_first {
                         for criterion in spec.child_specs() {
                             items.push(CompletionItem {

@@ -932,6 +932,29 @@ fn completion_after_an_equals_sign_offers_values_and_a_panel_lists_judges() {
     assert!(!members.contains(&"q".to_owned()), "{members:?}");
 }
 
+/// A node whose first argument has known values and is not written yet (`hitl `, `first-turn `,
+/// a scenario's `agent `) offers those values, quoted (`#true`/`#false` bare).
+#[test]
+fn a_bare_first_argument_offers_its_values() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let text = "agent \"bot\" protocol=\"multiagent\" builtin=\"support\"\n\
+                scenario \"s\" {\n    agent \n    first-turn \n    user \"hi\"\n    hitl \n}\n";
+    std::fs::write(dir.path().join("main.kdl"), text).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "complete", "file": "main.kdl", "line": 2, "character": 10},
+        {"do": "complete", "file": "main.kdl", "line": 3, "character": 15},
+        {"do": "complete", "file": "main.kdl", "line": 5, "character": 9},
+    ]);
+    let out = session(dir.path(), steps);
+    let inserts = |n: usize| out[n]["inserts"].clone();
+    assert_eq!(inserts(2)["bot"], "\"bot\"", "{}", out[2]);
+    assert_eq!(inserts(3)["agent"], "\"agent\"", "{}", out[3]);
+    assert_eq!(inserts(3)["user"], "\"user\"", "{}", out[3]);
+    assert_eq!(inserts(4)["approve"], "\"approve\"", "{}", out[4]);
+    assert_eq!(inserts(4)["reject"], "\"reject\"", "{}", out[4]);
+}
+
 /// An agent's id may hold `/` (`check` accepts `agent "ms/x"`), so rename gives it one; only
 /// a scenario's id may not (it separates a suite from its scenario in `needs`).
 #[test]
