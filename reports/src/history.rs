@@ -268,6 +268,16 @@ pub enum HistoryError {
     )]
     NoSuchRun { what: String, dir: PathBuf },
 
+    #[error("an empty run name names no run")]
+    #[diagnostic(
+        code(trellis::history::empty_run),
+        help(
+            "an unset variable (`--baseline \"$BASELINE\"`) gives an empty one; name a run \
+             directory, a run id or a name, or `pinned`"
+        )
+    )]
+    EmptyRunName,
+
     #[error(
         "`{}` names both run {named} and the run directory {}",
         dir.file_name().unwrap_or_default().display(),
@@ -740,6 +750,10 @@ fn journal_start(dir: &Path) -> Option<String> {
 /// matched by id, as [`list_runs`] leaves them out: a pin or a name written there would never be
 /// found again.
 pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
+    // Empty, it would be the start of every run id and the runs directory itself.
+    if what.trim().is_empty() {
+        return Err(HistoryError::EmptyRunName);
+    }
     let whole = |dir: &Path| {
         if is_watch_rerun(dir) {
             Err(HistoryError::WatchRerun {

@@ -201,11 +201,12 @@ pub fn write_reports_to(
     out_dir: &Path,
     options: &ReportOptions,
 ) -> Result<ReportFiles, ReportError> {
-    std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
     let journal_path = trellis_journal::path_in(run_dir);
     // A second run's records would be counted as this one's (duplicate trajectories,
-    // totals of both): refused before any file is started.
+    // totals of both): refused before any file is started. A run directory mistyped has no
+    // journal: refused before the output directory is made (it would be the typo).
     let mut scan = JournalReader::open(&journal_path)?;
+    std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
     let mut line_number = 0u64;
     while let Some(line) = scan.next_line()? {
         line_number += 1;

@@ -2355,3 +2355,67 @@ async fn replacing_a_named_run_says_its_name_goes() {
         stderr(&o)
     );
 }
+
+/// An empty run name (an unset CI variable, `--baseline "$BASELINE"`) names no run: it was
+/// the start of every run id, so with one run it pinned, named or gated against that run.
+#[tokio::test]
+async fn an_empty_run_name_is_refused_everywhere_a_run_is_named() {
+    let work = tempfile::tempdir().unwrap();
+    let runs = work.path().join("runs");
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--out"])
+        .arg(runs.join("a"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    for args in [
+        vec!["runs", "pin", ""],
+        vec!["runs", "name", "", "nightly"],
+        vec!["compare", "", "a"],
+    ] {
+        let o = trellis()
+            .current_dir(work.path())
+            .args(&args)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("an empty run name names no run"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let o = trellis()
+        .current_dir(work.path())
+        .arg("run")
+        .arg(repo("suites/booking.kdl"))
+        .args(["-q", "--baseline", "", "--out", "runs/b"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!runs.join("b").exists(), "nothing ran");
+}
+
+/// `trellis report` of a mistyped directory fails without making it, or its `--out`.
+#[tokio::test]
+async fn report_of_a_mistyped_directory_creates_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let typo = work.path().join("typo").join("run-dir");
+    let o = trellis().arg("report").arg(&typo).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!work.path().join("typo").exists());
+    let out = work.path().join("outdir");
+    let o = trellis()
+        .arg("report")
+        .arg(work.path().join("typo2"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!out.exists() && !work.path().join("typo2").exists());
+}
