@@ -251,7 +251,12 @@ pub enum HistoryError {
     #[error("{} is not valid run metadata", path.display())]
     #[diagnostic(
         code(trellis::history::bad_meta),
-        help("it is written by `trellis run`; delete it to drop the run's name and labels")
+        help(
+            "it is written by `trellis run`; delete it to drop the run's name, labels and pin \
+             (or move the run directory away). Until then, the pinned baseline and id \
+             prefixes cannot be told apart from it: name a run by its directory, its whole id \
+             or its name"
+        )
     )]
     BadMeta {
         path: PathBuf,
@@ -564,10 +569,28 @@ impl RunMeta {
 /// listed once, from the directory holding its journal (else the first by path): twice, it
 /// was two runs to `compare`'s "the last two", which then refused to compare it with itself.
 pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
+    let (runs, mut unreadable) = list_readable_runs(runs_dir)?;
+    match unreadable.pop() {
+        Some((_, e)) => Err(e),
+        None => Ok(runs),
+    }
+}
+
+/// Run directories whose `run.json` cannot be read, with why.
+pub type Unreadable = Vec<(PathBuf, HistoryError)>;
+
+/// As [`list_runs`], with the run directories whose `run.json` cannot be read set apart
+/// (with why) instead of failing the listing: `trellis runs` lists the others, and a run
+/// named by its exact id or name is found beside a damaged one. What must not guess (the
+/// pinned baseline, a prefix of an id) uses [`list_runs`], since a damaged run may be the one
+/// meant.
+pub fn list_readable_runs(runs_dir: &Path) -> Result<(Vec<RunEntry>, Unreadable), HistoryError> {
     let read = match std::fs::read_dir(runs_dir) {
         Ok(read) => read,
         // No runs directory yet: no runs.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Vec::new(), Vec::new()));
+        }
         Err(source) => {
             return Err(HistoryError::Io {
                 path: runs_dir.to_path_buf(),
@@ -576,6 +599,7 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
         }
     };
     let mut runs = Vec::new();
+    let mut unreadable = Vec::new();
     for entry in read.flatten() {
         let dir = entry.path();
         // `trellis watch` mirrors its current state there: not a run of its own.
@@ -583,14 +607,18 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
             continue;
         }
         if dir.is_dir() && is_run_dir(&dir) && !is_part_of_run(&dir) {
-            runs.push(read_run(&dir)?);
+            match read_run(&dir) {
+                Ok(run) => runs.push(run),
+                Err(e) => unreadable.push((dir, e)),
+            }
         }
     }
     let mut runs = once_per_run(runs);
     runs.sort_by(|a, b| {
         (a.started_at.as_deref(), &a.run_id).cmp(&(b.started_at.as_deref(), &b.run_id))
     });
-    Ok(runs)
+    unreadable.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((runs, unreadable))
 }
 
 /// `runs` with each run id once: of the directories holding one run, the one with the
@@ -834,9 +862,14 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
     if !runs_dir.is_dir() {
         return Err(not_found());
     }
-    let runs = list_runs(runs_dir)?;
+    // An exact id or name is unique among runs: found beside a damaged run. A prefix may
+    // be the damaged run's, so it is matched only when every run reads.
+    let (runs, mut unreadable) = list_readable_runs(runs_dir)?;
     if let Some(run) = runs.iter().find(|r| r.run_id == what) {
         return Ok(run.clone());
+    }
+    if let Some((_, e)) = unreadable.pop() {
+        return Err(e);
     }
     if let Some(run) = runs.iter().find(|r| r.name.as_deref() == Some(what)) {
         // A name that is also the start of another run's id (given to it before that run

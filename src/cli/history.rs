@@ -215,8 +215,18 @@ pub fn runs(args: RunsArgs) -> u8 {
 }
 
 fn list(dir: &Path, json: bool) -> u8 {
-    let runs = match history::list_runs(dir) {
-        Ok(runs) => runs,
+    // A damaged run.json hides only its own run: said, and the others listed.
+    let runs = match history::list_readable_runs(dir) {
+        Ok((runs, unreadable)) => {
+            for (run_dir, e) in &unreadable {
+                errln!(
+                    "warning: {} is not listed: {e}: {}",
+                    run_dir.display(),
+                    super::recorder::source(e)
+                );
+            }
+            runs
+        }
         Err(e) => return report_error(e),
     };
     if json {

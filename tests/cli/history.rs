@@ -2419,3 +2419,56 @@ async fn report_of_a_mistyped_directory_creates_nothing() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(!out.exists() && !work.path().join("typo2").exists());
 }
+
+/// A damaged `run.json` hides only its own run: `trellis runs` lists the others with a
+/// warning, and a run named by its whole id is compared beside it; the pinned baseline,
+/// which the damaged run may be, is refused with what to do.
+#[tokio::test]
+async fn a_damaged_run_json_hides_only_its_own_run() {
+    let work = tempfile::tempdir().unwrap();
+    let runs = work.path().join("runs");
+    for name in ["a", "b", "c"] {
+        let o = trellis()
+            .arg("run")
+            .arg(repo("suites/booking.kdl"))
+            .args(["-q", "--out"])
+            .arg(runs.join(name))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    }
+    let in_work = |args: &[&str]| {
+        let mut command = trellis();
+        command.current_dir(work.path()).args(args);
+        command.output()
+    };
+    let o = in_work(&["runs", "pin", "runs/a"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(runs.join("a/run.json")).unwrap()).unwrap();
+    let id_a = meta["run_id"].as_str().unwrap().to_owned();
+    std::fs::write(runs.join("c/run.json"), "{bad").unwrap();
+
+    let o = in_work(&["runs"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("runs/c is not listed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stdout(&o).contains(&id_a) && stdout(&o).contains("2 runs"),
+        "{}",
+        stdout(&o)
+    );
+    let o = in_work(&["compare", &id_a, "runs/b"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = in_work(&["compare", "pinned", "runs/b"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        crate::flat(&stderr(&o)).contains("name a run by its directory, its whole id or its name"),
+        "{}",
+        stderr(&o)
+    );
+}
