@@ -399,12 +399,20 @@ pub async fn serve_socket(name: &str, kind: SocketKind) -> Result<SocketServer, 
             (Bound::Tcp(listener), format!("tcp:{addr}"), None)
         }
         SocketKind::Unix => {
-            let dir = tempfile::Builder::new()
-                .prefix("trellis-")
-                .tempdir()
+            // In TMPDIR, else in /tmp: a TMPDIR that does not exist, or whose path leaves no
+            // room for the socket's name in a socket address (about 108 bytes), would fail
+            // every call to this agent as its fault.
+            let bind_in = |parent: &Path| -> std::io::Result<_> {
+                let dir = tempfile::Builder::new()
+                    .prefix("trellis-")
+                    .tempdir_in(parent)?;
+                let path = dir.path().join(format!("{name}.sock"));
+                let listener = std::os::unix::net::UnixListener::bind(&path)?;
+                Ok((dir, path, listener))
+            };
+            let (dir, path, listener) = bind_in(&std::env::temp_dir())
+                .or_else(|e| bind_in(Path::new("/tmp")).map_err(|_| e))
                 .map_err(bind_error)?;
-            let path = dir.path().join(format!("{name}.sock"));
-            let listener = std::os::unix::net::UnixListener::bind(&path).map_err(bind_error)?;
             listener.set_nonblocking(true).map_err(bind_error)?;
             (
                 Bound::Unix(listener),

@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::hash::BuildHasher;
 use std::io::{self, BufRead as _, BufWriter, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use trellis_records::{CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
@@ -44,6 +44,22 @@ pub(crate) struct JunitBuilder {
     /// of one place are ordered by them, so that forks come in the same order in every run.
     suffixes: HashMap<Box<str>, u32, foldhash::fast::RandomState>,
     wide: WideScenarios,
+    /// Where the suites' cases are spilled as they finish: the run's own directory, not
+    /// TMPDIR, which may not exist or be another, smaller file system (the cases of a big
+    /// run are as large as the file).
+    spill_dir: PathBuf,
+}
+
+/// The suite named `name` of `suites`, added when the run did not announce it.
+fn suite_in<'s>(suites: &'s mut Vec<SuitePart>, name: &str) -> &'s mut SuitePart {
+    let index = match suites.iter().position(|s| s.name == name) {
+        Some(i) => i,
+        None => {
+            suites.push(SuitePart::new(name));
+            suites.len() - 1
+        }
+    };
+    &mut suites[index]
 }
 
 /// foldhash, as for the statistics' names (`stats::Interner`): names come from the suites,
@@ -178,7 +194,7 @@ const WINDOW_PASSES: u64 = 4;
 const REORDER_IN_MEMORY: u64 = 64 << 20;
 
 impl JunitBuilder {
-    pub(crate) fn new(info: &RunInfo) -> Self {
+    pub(crate) fn new(info: &RunInfo, spill_dir: &Path) -> Self {
         let mut ranks = HashMap::with_capacity_and_hasher(info.scenarios.len(), Default::default());
         for (rank, s) in info.scenarios.iter().enumerate() {
             if let Ok(rank) = u32::try_from(rank) {
@@ -197,18 +213,12 @@ impl JunitBuilder {
             ranks,
             suffixes: HashMap::default(),
             wide: WideScenarios::default(),
+            spill_dir: spill_dir.to_path_buf(),
         }
     }
 
     fn suite(&mut self, name: &str) -> &mut SuitePart {
-        let index = match self.suites.iter().position(|s| s.name == name) {
-            Some(i) => i,
-            None => {
-                self.suites.push(SuitePart::new(name));
-                self.suites.len() - 1
-            }
-        };
-        &mut self.suites[index]
+        suite_in(&mut self.suites, name)
     }
 
     /// Widens the suite's wall-time span by the node's agent calls.
@@ -236,7 +246,7 @@ impl JunitBuilder {
                 None => *self.suffixes.entry(suffix.into()).or_insert(next),
             };
         }
-        let suite = self.suite(&t.suite);
+        let suite = suite_in(&mut self.suites, &t.suite);
         let seconds = seconds(t.duration_ms);
         suite.counts.tests += 1;
         suite.counts.seconds += seconds;
@@ -386,9 +396,10 @@ impl JunitBuilder {
                 );
             }
         }
+        let spill_dir = &self.spill_dir;
         suite
-            .append(&xml, place)
-            .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
+            .append(&xml, place, spill_dir)
+            .map_err(|e| ReportError::io("write", spill_dir.join("junit.xml (spill file)"), e))
     }
 
     /// Writes `path.partial` and moves it into place once complete. `incomplete` says why
@@ -436,6 +447,7 @@ impl JunitBuilder {
                     attempt: 0,
                     suffix: 0,
                 },
+                &self.spill_dir,
             )
             .map_err(io_err)?;
             suites.push(run);
@@ -671,10 +683,13 @@ impl SuitePart {
         }
     }
 
-    fn append(&mut self, xml: &str, place: Place) -> io::Result<()> {
+    fn append(&mut self, xml: &str, place: Place, spill_dir: &Path) -> io::Result<()> {
         let cases = match &mut self.cases {
             Some(cases) => cases,
-            None => self.cases.insert(BufWriter::new(tempfile::tempfile()?)),
+            // Unnamed where the file system allows it (O_TMPFILE), else removed at once.
+            None => self
+                .cases
+                .insert(BufWriter::new(tempfile::tempfile_in(spill_dir)?)),
         };
         cases.write_all(xml.as_bytes())?;
         let len =
@@ -895,7 +910,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let mut junit = JunitBuilder::new(&info);
+        let mut junit = JunitBuilder::new(&info, &std::env::temp_dir());
         let finished = [
             ("z@retry10", &[][..]),
             ("z@1~refund", &["refund"][..]),
@@ -956,7 +971,9 @@ mod tests {
             ("b", place(0, 1)),
             ("c2", place(1, 0)),
         ] {
-            suite.append(&format!("<{text}>\n"), at).unwrap();
+            suite
+                .append(&format!("<{text}>\n"), at, &std::env::temp_dir())
+                .unwrap();
         }
         let file = suite.cases.take().unwrap().into_inner().unwrap();
         let in_order = "<a>\n<b>\n<c>\n<c2>\n<d-unplanned>\n";

@@ -345,7 +345,7 @@ impl ReportWriter {
             stats,
             outline: html::Outline::for_plan(info),
             selection: Selection::new(options),
-            junit: junit::JunitBuilder::new(info),
+            junit: junit::JunitBuilder::new(info, run_dir),
             finished: None,
             skipped_lines: 0,
             paths: Paths::for_plan(info),

@@ -1268,3 +1268,33 @@ fn case_names(junit: &str) -> Vec<&str> {
         .filter_map(|l| l.split('"').next())
         .collect()
 }
+
+/// A TMPDIR that does not exist, or is too long for a socket's address, costs nothing: the
+/// JUnit cases spill into the run's directory, and the socket builtin agent binds in /tmp
+/// (both failed: junit.xml not written, and every call to `support` a setup fault).
+#[tokio::test]
+async fn an_unusable_tmpdir_loses_no_result_and_fails_no_agent() {
+    let work = tempfile::tempdir().unwrap();
+    let long = work.path().join("d".repeat(110));
+    std::fs::create_dir_all(&long).unwrap();
+    for (name, tmpdir) in [("missing", work.path().join("no/such/dir")), ("long", long)] {
+        let out = work.path().join(name);
+        let o = trellis()
+            .args(["run", "suites", "-q", "--out"])
+            .arg(&out)
+            .env("TMPDIR", &tmpdir)
+            .output()
+            .await
+            .unwrap();
+        let said = format!("{}{}", stdout(&o), stderr(&o));
+        assert_eq!(o.status.code(), Some(1), "{name}: {said}");
+        assert!(out.join("junit.xml").is_file(), "{name}: {said}");
+        assert!(!said.contains("setup fault"), "{name}: {said}");
+        let trajectories = read_parquet(&out.join("trajectories.parquet"));
+        let faults = strings(&trajectories, "fault_category");
+        assert!(
+            !faults.iter().any(|f| f.as_deref() == Some("setup")),
+            "{name}: {faults:?}"
+        );
+    }
+}
