@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use trellis_engine::journal;
 use trellis_engine::llm::rejudge::rejudge as rejudge_journal;
-use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
+use trellis_engine::llm::{LlmRuntime, LlmSetup};
 use trellis_engine::record::TrajectoryStatus;
 use trellis_engine::transport::http::HttpTransport;
 
@@ -92,10 +92,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let cache = match &args.llm_cache {
-        None => LlmCache::disabled(),
-        Some(dir) => LlmCache::new(dir, super::run::cache_mode(args.llm_cache_mode)),
-    };
+    let cache = super::run::llm_cache(args.llm_cache.as_deref(), args.llm_cache_mode);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

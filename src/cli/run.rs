@@ -375,10 +375,7 @@ pub fn run(args: RunArgs) -> u8 {
         silent: json,
         strict: args.strict,
         json_events: json,
-        llm_cache: match &args.llm_cache {
-            None => trellis_engine::llm::LlmCache::disabled(),
-            Some(dir) => trellis_engine::llm::LlmCache::new(dir, cache_mode(args.llm_cache_mode)),
-        },
+        llm_cache: llm_cache(args.llm_cache.as_deref(), args.llm_cache_mode),
         llm_budget: trellis_engine::llm::meter::Budget {
             max_calls: args.max_llm_calls,
             max_cost: args.max_llm_cost,
@@ -668,6 +665,25 @@ pub(super) fn keeps_baseline(
         }
     }
     Ok(())
+}
+
+/// The run's LLM cache (`--llm-cache DIR`, `--llm-cache-mode`), with a warning when it
+/// cannot do its job: the run goes on, and its calls are made and paid as without one.
+pub(super) fn llm_cache(
+    dir: Option<&Path>,
+    mode: super::LlmCacheMode,
+) -> trellis_engine::llm::LlmCache {
+    let Some(dir) = dir else {
+        return trellis_engine::llm::LlmCache::disabled();
+    };
+    let cache = trellis_engine::llm::LlmCache::new(dir, cache_mode(mode));
+    if let Some(why) = cache.unusable() {
+        errln!(
+            "warning: --llm-cache: {why}; LLM calls are neither replayed from it nor kept \
+             (each judge and simulated-user call is made, and paid, as without a cache)"
+        );
+    }
+    cache
 }
 
 pub(super) fn compare_with(

@@ -288,10 +288,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
         }
     }
 
-    let cache = match &args.llm_cache {
-        None => LlmCache::disabled(),
-        Some(dir) => LlmCache::new(dir, super::run::cache_mode(args.llm_cache_mode)),
-    };
+    let cache = super::run::llm_cache(args.llm_cache.as_deref(), args.llm_cache_mode);
     let mut spent = Spent::default();
     let mut stopped: Option<(String, u8)> = None;
     // From here on a signal stops the conditions gracefully, whichever is running (or

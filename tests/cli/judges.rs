@@ -1318,3 +1318,39 @@ scenario "greet" {{
     assert_eq!(roles["judge"]["calls"], 1, "{roles}");
     assert!(roles.get("simulator").is_none(), "{roles}");
 }
+
+/// A `--llm-cache` that cannot be used is said before the run: it had turned caching off
+/// silently, every judge call made and paid again on each run.
+#[tokio::test]
+async fn an_unusable_llm_cache_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "x").unwrap();
+    for (mode, what) in [
+        ("read-write", "is not a directory"),
+        ("replay-only", "is not a directory"),
+    ] {
+        let o = trellis()
+            .args(["run", "suites/booking.kdl", "-q", "--llm-cache"])
+            .arg(&file)
+            .args(["--llm-cache-mode", mode, "--out"])
+            .arg(dir.path().join(mode))
+            .output()
+            .await
+            .unwrap();
+        let err = stderr(&o);
+        assert!(
+            err.contains("warning: --llm-cache: ") && err.contains(what),
+            "{mode}: {err}"
+        );
+    }
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--llm-cache"])
+        .arg(dir.path().join("fresh"))
+        .args(["--out"])
+        .arg(dir.path().join("ok"))
+        .output()
+        .await
+        .unwrap();
+    assert!(!stderr(&o).contains("--llm-cache"), "{}", stderr(&o));
+}

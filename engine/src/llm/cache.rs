@@ -101,6 +101,31 @@ impl LlmCache {
         self
     }
 
+    /// Why the cache cannot do its job, checked before a run: a read-write cache whose
+    /// directory cannot be made or written (every entry would be lost and every call paid
+    /// again on the next run, said nowhere but in each call's record), a replay-only one
+    /// whose directory is not one.
+    pub fn unusable(&self) -> Option<String> {
+        let dir = self.dir.as_deref()?;
+        match self.mode {
+            CacheMode::Off => None,
+            CacheMode::ReplayOnly => (!dir.is_dir()).then(|| {
+                if dir.exists() {
+                    format!("{} is not a directory", dir.display())
+                } else {
+                    format!("{} does not exist", dir.display())
+                }
+            }),
+            CacheMode::ReadWrite if dir.exists() && !dir.is_dir() => {
+                Some(format!("{} is not a directory", dir.display()))
+            }
+            CacheMode::ReadWrite => std::fs::create_dir_all(dir)
+                .and_then(|()| tempfile::NamedTempFile::new_in(dir).map(drop))
+                .err()
+                .map(|e| format!("{} cannot be written: {e}", dir.display())),
+        }
+    }
+
     /// No cache: every call goes to the provider.
     pub fn disabled() -> Self {
         LlmCache::default()
