@@ -1,8 +1,9 @@
 //! `trellis fmt [PATHS] [--check]`: lays suite files out canonically
 //! (`trellis_dsl::format`), the files `run` and `check` would load: every `*.kdl` below a
 //! directory, and what the files include. Each changed file is written atomically (a
-//! temporary file renamed over it, keeping its permissions); nothing is written unless every
-//! file parses. `--check` writes nothing and says which files would change, with a short
+//! temporary file renamed over it, keeping its permissions and owner; in place when it has
+//! other hard links or its owner cannot be kept); nothing is written unless every file
+//! parses. `--check` writes nothing and says which files would change, with a short
 //! diff, for CI.
 
 use std::collections::{HashSet, VecDeque};
@@ -265,9 +266,15 @@ impl std::fmt::Display for HunkRange {
 
 /// Replaces `path`'s content by `text` through a temporary file in the same directory
 /// renamed over it, so a reader (or a crash) never sees half a file. Symbolic links are
-/// followed (the link stays a link), the file's permissions are kept, and a file that
-/// changed since it was read (`was`) is left alone.
+/// followed (the link stays a link), the file's permissions and owner are kept, and a file
+/// that changed since it was read (`was`) is left alone.
+///
+/// A file with other hard links, or whose owner cannot be given to the new file (another
+/// user's file, formatted by one allowed to write it), is written in place instead: a
+/// rename would leave the other links with the old text, or hand the file to whoever ran
+/// `fmt` (`docker run … trellis fmt` on a mounted repository runs as root).
 fn write_atomically(path: &Path, was: &str, text: &str) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
     let target = fs::canonicalize(path)?;
     if fs::read_to_string(&target)? != was {
         return Err(io::Error::other(
@@ -275,16 +282,36 @@ fn write_atomically(path: &Path, was: &str, text: &str) -> io::Result<()> {
         ));
     }
     let dir = target.parent().unwrap_or_else(|| Path::new("."));
-    let permissions = fs::metadata(&target)?.permissions();
+    let meta = fs::metadata(&target)?;
+    if meta.nlink() > 1 {
+        return write_in_place(&target, text);
+    }
     let mut temp = tempfile::Builder::new()
         .prefix(".trellis-fmt-")
         .suffix(".tmp")
         .tempfile_in(dir)?;
+    let made = temp.as_file().metadata()?;
+    if (made.uid(), made.gid()) != (meta.uid(), meta.gid())
+        && std::os::unix::fs::chown(temp.path(), Some(meta.uid()), Some(meta.gid())).is_err()
+    {
+        drop(temp);
+        return write_in_place(&target, text);
+    }
     temp.write_all(text.as_bytes())?;
     temp.as_file().sync_all()?;
-    fs::set_permissions(temp.path(), permissions)?;
+    fs::set_permissions(temp.path(), meta.permissions())?;
     temp.persist(&target).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Rewrites `target` in the same inode: its links, owner and permissions stay as they are.
+fn write_in_place(target: &Path, text: &str) -> io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(target)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
 #[cfg(test)]

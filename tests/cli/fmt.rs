@@ -230,3 +230,25 @@ async fn fmt_refuses_a_file_that_does_not_parse_and_writes_nothing() {
         stderr(&o)
     );
 }
+
+/// A file with another hard link is formatted in place: both names show the new text (a
+/// rename over it left the other link with the old one).
+#[tokio::test]
+async fn a_hard_linked_file_is_formatted_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.kdl");
+    let two = dir.path().join("two.kdl");
+    std::fs::write(
+        &one,
+        "agent \"a\" protocol=\"connexity\"   builtin=\"booking\"\n",
+    )
+    .unwrap();
+    std::fs::hard_link(&one, &two).unwrap();
+    let o = trellis().arg("fmt").arg(&one).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let formatted = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n";
+    assert_eq!(std::fs::read_to_string(&one).unwrap(), formatted);
+    assert_eq!(std::fs::read_to_string(&two).unwrap(), formatted);
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(std::fs::metadata(&one).unwrap().nlink(), 2);
+}
