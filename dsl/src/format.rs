@@ -28,7 +28,6 @@
 //! so a bug here can never change what a suite means.
 
 use std::borrow::Cow;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -87,7 +86,7 @@ pub fn format_file(path: &Path) -> Result<Formatted, FormatError> {
 /// [`format_file`], the file shown as `name` (an included file's name from
 /// [`Formatted::includes`]).
 pub fn format_named(path: &Path, name: String) -> Result<Formatted, FormatError> {
-    let text = fs::read_to_string(path).map_err(|e| {
+    let text = crate::parse::read_suite_text(path).map_err(|e| {
         FormatError::Invalid(Diagnostics::new(vec![Diagnostic::new(
             Kind::Io,
             format!("cannot read `{name}`: {e}"),

@@ -26,6 +26,7 @@ mod cache;
 mod criteria;
 mod decls;
 mod include;
+pub(crate) use include::read_suite_text;
 mod json_path;
 mod scenario;
 mod steps;

@@ -1469,3 +1469,25 @@ async fn a_branch_setting_written_twice_or_misspelt_is_said() {
         "{err}"
     );
 }
+
+/// A path that never ends (`/dev/zero`), given or included, is refused at a size no suite
+/// has, instead of being read until memory runs out; included, it is not "not found".
+#[tokio::test]
+async fn a_suite_path_that_never_ends_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let including = dir.path().join("z.kdl");
+    std::fs::write(&including, "include \"/dev/zero\"\n").unwrap();
+    for path in [Path::new("/dev/zero"), including.as_path()] {
+        let o = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            trellis().arg("check").arg(path).output(),
+        )
+        .await
+        .expect("refused in time")
+        .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let err = crate::flat(&stderr(&o));
+        assert!(err.contains("larger than 64 MiB"), "{err}");
+        assert!(!err.contains("not found"), "{err}");
+    }
+}

@@ -143,7 +143,12 @@ impl Loader {
     /// A file that is not UTF-8: said where its first such byte is, on the file's text as
     /// far as it can be shown, and not parsed.
     fn not_utf8(&mut self, path: &Path, canonical: PathBuf, name: String) {
-        let bytes = match fs::read(path) {
+        use std::io::Read as _;
+        let bytes = match fs::File::open(path).and_then(|file| {
+            let mut bytes = Vec::new();
+            file.take(MAX_SUITE_BYTES).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        }) {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.diags.push(Diagnostic::new(
@@ -196,7 +201,7 @@ impl Loader {
             None => (
                 match self.overlay.get(&canonical) {
                     Some(text) => Ok(text.to_string()),
-                    None => fs::read_to_string(path),
+                    None => read_suite_text(path),
                 },
                 None,
             ),
@@ -465,7 +470,9 @@ impl Loader {
             .parent()
             .unwrap_or_else(|| Path::new(""));
         let target_name = display_name(&normalize(&shown_base.join(rel)));
-        if !target.is_file() && !self.overlay.contains_key(&canonical(&target)) {
+        // A device or a pipe may be read (`/dev/stdin`); only what is not there is missing.
+        let exists = target.exists() && !target.is_dir();
+        if !exists && !self.overlay.contains_key(&canonical(&target)) {
             let diag = if target.is_dir() {
                 Diagnostic::at(
                     Kind::MissingInclude,
@@ -658,7 +665,7 @@ fn read_ahead(
         Some(text) if text.len() <= depth::SMALL_TEXT => text.to_string(),
         Some(_) => return None,
         None if fs::metadata(path).ok()?.len() > depth::SMALL_TEXT as u64 => return None,
-        None => fs::read_to_string(path).ok()?,
+        None => read_suite_text(path).ok()?,
     };
     let text = without_bom(text);
     // The last load's decoding of this text is kept: the loader takes that instead.
@@ -673,6 +680,26 @@ fn read_ahead(
             .ok()
             .flatten();
     Some(ReadAhead { text, parsed })
+}
+
+/// The most a suite file may hold. A 10 MB suite checks in under half a second; a path that
+/// never ends (`/dev/zero`, a FIFO fed forever) would otherwise be read until memory ran out.
+pub(crate) const MAX_SUITE_BYTES: u64 = 64 << 20;
+
+/// A suite file's text, as `fs::read_to_string` reads it, up to [`MAX_SUITE_BYTES`]: larger
+/// is an error saying so. Devices and pipes (`/dev/stdin`) are read as files are.
+pub(crate) fn read_suite_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let file = fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SUITE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_SUITE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "it is larger than {} MiB, more than a suite file holds",
+            MAX_SUITE_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// A suite file's text without the byte order mark an editor on Windows may start it with:
