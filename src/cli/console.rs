@@ -1361,6 +1361,25 @@ fn rows_to_print<K>(rows: Vec<(K, Counts)>) -> (Vec<(K, Counts)>, Option<String>
     (shown, Some(line))
 }
 
+/// `path` as one shell word, for a command the user is told to run ([`shell_quote`]).
+pub fn shell_word(path: &std::path::Path) -> String {
+    shell_quote(&path.to_string_lossy())
+}
+
+/// `text` as one word for `sh`: as it is when it holds only characters no shell reads
+/// specially, else single-quoted (`'sp ace/run 1'`).
+pub fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./+,:@".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
 /// `1 check`, `12 checks`.
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -1479,4 +1498,22 @@ pub fn verdict_cell(text: &str, bad: bool, good: bool) -> Cell {
 /// and overwrite a line with a fake `PASS` (a carriage return does that too).
 pub(super) fn untrusted(text: &str) -> std::borrow::Cow<'_, str> {
     trellis_engine::record::shown::visible_controls_but(text, &['\n', '\t'])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn a_path_is_one_shell_word() {
+        assert_eq!(super::shell_word(Path::new("runs/a-1_b.c")), "runs/a-1_b.c");
+        assert_eq!(
+            super::shell_word(Path::new("sp ace/run 1")),
+            "'sp ace/run 1'"
+        );
+        assert_eq!(super::shell_word(Path::new("it's")), "'it'\\''s'");
+        assert_eq!(super::shell_word(Path::new("$HOME")), "'$HOME'");
+        assert_eq!(super::shell_word(Path::new("runs/café")), "'runs/café'");
+        assert_eq!(super::shell_word(Path::new("")), "''");
+    }
 }

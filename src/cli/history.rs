@@ -923,7 +923,7 @@ pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
         errln!(
             "hint: finish it with `trellis run SUITES… --resume {}`, or give a run that \
              covered its plan (`trellis runs` lists them)",
-            entry.dir.display()
+            console::shell_word(&entry.dir)
         );
         return Err(EXIT_INVALID);
     }

@@ -344,7 +344,10 @@ fn report(args: &InitArgs, spec: &ProtocolSpec, written: &[(&str, &str, bool)]) 
     let cd = if args.dir == Path::new(".") {
         String::new()
     } else {
-        format!("cd {} && ", shell_word(&args.dir.to_string_lossy()))
+        format!(
+            "cd {} && ",
+            super::console::shell_quote(&args.dir.to_string_lossy())
+        )
     };
     outln!("Next: {cd}trellis run");
 }
@@ -367,19 +370,6 @@ fn relative_to(dir: &Path, root: &Path) -> String {
         .ok()
         .and_then(|d| d.strip_prefix(root).ok().map(Path::to_path_buf))
         .map_or_else(|| dir.display().to_string(), |d| d.display().to_string())
-}
-
-/// `text` as one word for `sh`: as is when it is plain, else single-quoted.
-fn shell_word(text: &str) -> String {
-    let plain = !text.is_empty()
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./+,:@".contains(c));
-    if plain {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]
@@ -413,12 +403,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn shell_words_are_quoted_when_needed() {
-        assert_eq!(shell_word("my-agent/evals"), "my-agent/evals");
-        assert_eq!(shell_word("my agent"), "'my agent'");
-        assert_eq!(shell_word("it's"), r"'it'\''s'");
     }
 }

@@ -975,7 +975,7 @@ fn say_missing(
             format!(
                 "its run did not finish (killed, or its machine lost){torn}; `trellis run SUITES \
                  --resume {}` finishes it",
-                shard.dir.display()
+                super::console::shell_word(&shard.dir)
             )
         } else {
             "its run was stopped before its end".to_owned()

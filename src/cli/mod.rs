@@ -970,7 +970,7 @@ fn report(args: &ReportArgs) -> u8 {
                 console::outln!(
                     "note: the journal has no end: the run did not finish (`trellis run … \
                      --resume {}` finishes it)",
-                    args.dir.display()
+                    console::shell_word(&args.dir)
                 );
             }
             if files.skipped_lines > 0 {

@@ -40,8 +40,20 @@ pub(super) fn claim_out_dir(
     replace: bool,
     resumable: bool,
 ) -> Result<OutClaim, String> {
-    std::fs::create_dir_all(out)
-        .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
+    std::fs::create_dir_all(out).map_err(|e| {
+        // "File exists" says nothing of which file, nor why it is in the way.
+        let why = match std::fs::symlink_metadata(out) {
+            Ok(m) if m.file_type().is_symlink() && !out.exists() => {
+                "it is a symbolic link to nothing".to_owned()
+            }
+            Ok(_) if out.exists() && !out.is_dir() => "it is a file, not a directory".to_owned(),
+            _ => e.to_string(),
+        };
+        format!(
+            "cannot create the output directory {}: {why}",
+            out.display()
+        )
+    })?;
     let claim = lock(out)?;
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
@@ -53,7 +65,7 @@ pub(super) fn claim_out_dir(
         let resume = if resumable {
             format!(
                 ", --resume {} to finish it if it was cut short,",
-                out.display()
+                super::console::shell_word(out)
             )
         } else {
             String::new()

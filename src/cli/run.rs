@@ -1156,7 +1156,7 @@ pub fn execute_plan(
                 "the run was {} before its end: only finished trajectories are reported; \
                  `trellis run … --resume {}` finishes it",
                 signal.name(),
-                out.display()
+                super::console::shell_word(out)
             );
         }
     }
