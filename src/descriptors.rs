@@ -52,18 +52,81 @@ pub fn reserve(slots: usize) {
 static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 /// Descriptors a call in flight may hold: a connection, or an agent process's three pipes
-/// and its pidfd; and those the process holds besides (listeners, builtin agents, files).
+/// and its pidfd; and those the process holds besides (listeners, files).
 const PER_CALL: usize = 4;
 const BESIDES: usize = 48;
+
+/// What the run's agents hold open, for [`jobs_within_limit`]: each agent reached over a
+/// connection keeps up to one idle connection per job once it has answered that many at
+/// once, and a builtin agent, served in this process, holds the other end of each too
+/// (and its listener, runtime and wake-up descriptors).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AgentDescriptors {
+    /// Builtin agents (two descriptors a connection, and a few of their own).
+    pub builtin: usize,
+    /// Agents reached over a connection of their own elsewhere (one a connection).
+    pub remote: usize,
+    /// Agents run as processes (three pipes and a pidfd each).
+    pub process: usize,
+}
+
+impl AgentDescriptors {
+    /// Those of agents reached at `endpoints`.
+    pub fn of<'a>(endpoints: impl IntoIterator<Item = &'a trellis_dsl::Endpoint>) -> Self {
+        let mut out = AgentDescriptors::default();
+        for endpoint in endpoints {
+            match endpoint {
+                trellis_dsl::Endpoint::Builtin(_) => out.builtin += 1,
+                trellis_dsl::Endpoint::Command(_) => out.process += 1,
+                trellis_dsl::Endpoint::Url(_)
+                | trellis_dsl::Endpoint::Socket(_)
+                | trellis_dsl::Endpoint::Provider(_) => out.remote += 1,
+            }
+        }
+        out
+    }
+
+    /// Descriptors a job may come to hold over the run: the most its in-flight call holds,
+    /// or the connections every agent's pool keeps for it, whichever is more.
+    fn per_job(self) -> usize {
+        PER_CALL.max(2 * self.builtin + self.remote + PER_CALL * self.process)
+    }
+
+    /// Descriptors the agents hold however many jobs run.
+    fn fixed(self) -> usize {
+        4 * self.builtin
+    }
+}
 
 /// `jobs` as the descriptor limit allows it, with a notice when that is fewer: past the
 /// limit a call's connection fails with "Too many open files", recorded as the agent's
 /// `connect` or `setup` fault, though the agent did nothing wrong.
-pub fn jobs_within_limit(jobs: usize) -> (usize, Option<String>) {
+pub fn jobs_within_limit(jobs: usize, agents: AgentDescriptors) -> (usize, Option<String>) {
     let Some(&limit) = LIMIT.get().filter(|&&l| l > 0) else {
         return (jobs, None);
     };
-    let fits = (limit.saturating_sub(BESIDES) / PER_CALL).max(1);
+    let needed = jobs
+        .saturating_mul(agents.per_job())
+        .saturating_add(BESIDES + agents.fixed());
+    // `reserve` raised the soft limit for a connection a call; many agents may need more,
+    // as far as the hard limit allows.
+    let limit = if limit < needed {
+        soft_limit_raised_to(needed)
+    } else {
+        limit
+    };
+    let one_call = BESIDES + agents.fixed() + agents.per_job();
+    if limit < one_call {
+        return (
+            1,
+            Some(format!(
+                "this process may open {limit} files at most (the hard limit, `ulimit -Hn`), \
+                 and the run's agents need about {one_call} for even one call at a time: calls \
+                 may fail as the agents' faults; raise the hard limit"
+            )),
+        );
+    }
+    let fits = (limit.saturating_sub(BESIDES + agents.fixed()) / agents.per_job()).max(1);
     if jobs <= fits {
         return (jobs, None);
     }

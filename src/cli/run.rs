@@ -364,7 +364,10 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
-    let (jobs, lowered) = crate::descriptors::jobs_within_limit(args.jobs);
+    let (jobs, lowered) = crate::descriptors::jobs_within_limit(
+        args.jobs,
+        crate::descriptors::AgentDescriptors::of(project.agents.iter().map(|a| &a.endpoint)),
+    );
     if let Some(why) = lowered {
         errln!("warning: {why}");
     }

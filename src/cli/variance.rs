@@ -715,9 +715,12 @@ fn condition_run(
     }
     let settings = super::run::Settings {
         replay_users,
-        jobs: crate::descriptors::jobs_within_limit(args.jobs)
-            .0
-            .clamp(1, trellis_engine::execute::MAX_JOBS),
+        jobs: crate::descriptors::jobs_within_limit(
+            args.jobs,
+            crate::descriptors::AgentDescriptors::of(plan.agents.iter().map(|a| &a.endpoint)),
+        )
+        .0
+        .clamp(1, trellis_engine::execute::MAX_JOBS),
         quiet: true,
         // The conditions' own consoles would bury the table; their runs are on disk.
         silent: true,

@@ -96,7 +96,8 @@ pub const LATEST: &str = trellis_reports::history::WATCH_LATEST;
 const EXIT_STOPPED: u8 = super::stop::EXIT_INTERRUPTED;
 
 pub fn watch(args: WatchArgs) -> u8 {
-    if let (_, Some(why)) = crate::descriptors::jobs_within_limit(args.jobs) {
+    // The agents are known at each rerun; said here for the limit itself.
+    if let (_, Some(why)) = crate::descriptors::jobs_within_limit(args.jobs, Default::default()) {
         errln!("warning: {why}");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -901,7 +902,11 @@ impl Session {
         let options = RunOptions {
             run_id: run_id.clone(),
             // Said once, when the session starts.
-            jobs: crate::descriptors::jobs_within_limit(self.args.jobs).0,
+            jobs: crate::descriptors::jobs_within_limit(
+                self.args.jobs,
+                crate::descriptors::AgentDescriptors::of(plan.agents.iter().map(|a| &a.endpoint)),
+            )
+            .0,
             stop: Default::default(),
             abandon: Default::default(),
             grace_end: Default::default(),
