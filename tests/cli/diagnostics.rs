@@ -1491,3 +1491,21 @@ async fn a_suite_path_that_never_ends_is_refused() {
         assert!(!err.contains("not found"), "{err}");
     }
 }
+
+/// Hidden files and directories under a suite directory are not loaded: an editor's local
+/// history (`.history/`, with a copy of each saved file) loaded every suite twice, as
+/// duplicate ids. A hidden file given by name is read.
+#[tokio::test]
+async fn hidden_files_under_a_directory_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+                 scenario \"s\" {\n    agent \"a\"\n    user \"hi\"\n    expect no-error\n}\n";
+    std::fs::write(dir.path().join("main.kdl"), suite).unwrap();
+    std::fs::create_dir_all(dir.path().join(".history")).unwrap();
+    std::fs::write(dir.path().join(".history/main_20261204.kdl"), suite).unwrap();
+    std::fs::write(dir.path().join(".main.kdl"), suite).unwrap();
+    let o = crate::check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = crate::check(&dir.path().join(".main.kdl")).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

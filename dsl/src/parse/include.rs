@@ -806,9 +806,16 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
             // suites linked in): skipping them would run less than was written, silently. A
             // file reached twice (by its link and by its place) is loaded once.
             let mut seen = std::collections::HashSet::new();
+            // Hidden files and directories below it are not suites: an editor's local
+            // history (`.history/`, with a copy of every file saved) or a backup would load
+            // each suite twice, as duplicate ids.
             for entry in walkdir::WalkDir::new(path)
                 .follow_links(true)
                 .sort_by_file_name()
+                .into_iter()
+                .filter_entry(|e| {
+                    e.depth() == 0 || !e.file_name().as_encoded_bytes().starts_with(b".")
+                })
             {
                 match entry {
                     Ok(entry) => {
