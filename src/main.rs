@@ -25,7 +25,7 @@ fn main() {
         "parquet",
         std::sync::Arc::new(trellis_reports::dataset::ParquetRows),
     );
-    let args = cli::Cli::parse();
+    let args = parse_args();
     // While this is the process's only thread: growing the table later stalls the thread
     // that opens the descriptor (the run's, as it connects).
     descriptors::reserve(args.descriptors_wanted());
@@ -36,9 +36,36 @@ fn main() {
     {
         Ok(command) => command.join().unwrap_or(cli::EXIT_FAILED),
         // No thread: run on this one, with the default stack.
-        Err(_) => cli::main(cli::Cli::parse()),
+        Err(_) => cli::main(parse_args()),
     };
     exit(code)
+}
+
+/// The command line, or the process ends as clap ends it, except that help or a version
+/// that cannot be written (stdout a full disk, a closed pipe's error aside) exits 3, as any
+/// command whose output is lost does: clap's own exit said 0.
+fn parse_args() -> cli::Cli {
+    match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let shown = matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            );
+            let written = e
+                .print()
+                .and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
+            match written {
+                Err(lost) if shown && lost.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!(
+                        "error: could not write to stdout ({lost}): its output is incomplete"
+                    );
+                    exit(cli::EXIT_INCOMPLETE)
+                }
+                _ => exit(u8::try_from(e.exit_code()).unwrap_or(cli::EXIT_INVALID)),
+            }
+        }
+    }
 }
 
 /// Ends the process with `code` at once. Every file the command writes is written and closed

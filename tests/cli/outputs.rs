@@ -265,6 +265,16 @@ async fn stdout_on_a_full_disk_exits_3_and_says_so() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // Help and the version too: clap's own exit said 0.
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["run", "--help"],
+        &["help", "run"],
+    ] {
+        let o = on_full_disk(trellis().args(args)).await.unwrap();
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
