@@ -1453,12 +1453,15 @@ pub fn table(header: &[&str]) -> Table {
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header.to_vec());
     // A pseudo-terminal that reports no size (`script`, some CI runners) reads as 0 columns,
-    // which would wrap every cell to one character: `COLUMNS` then, else full rows.
-    if table.width().is_some_and(|w| w < 20) {
+    // and a very narrow one leaves a cell a character or two: every word wrapped to a
+    // column of letters (a 10-column table on 20 columns made 732 lines). `COLUMNS` then,
+    // when it is wide enough, else full rows, which the terminal wraps as lines.
+    let narrowest = u16::try_from(header.len() * 8).unwrap_or(u16::MAX).max(20);
+    if table.width().is_some_and(|w| w < narrowest) {
         match std::env::var("COLUMNS")
             .ok()
             .and_then(|c| c.trim().parse::<u16>().ok())
-            .filter(|&c| c >= 20)
+            .filter(|&c| c >= narrowest)
         {
             Some(columns) => {
                 table.set_width(columns);

@@ -1086,12 +1086,13 @@ async fn a_journal_holding_two_runs_is_refused_by_report() {
     assert_no_partial_files(&joined);
 }
 
-/// A pseudo-terminal that reports no size (`script`, some CI runners) gets full rows, not
-/// cells wrapped to one character; `COLUMNS` gives the width when set.
+/// A pseudo-terminal that reports no size (`script`, some CI runners), or one too narrow for
+/// the table's columns, gets full rows, not cells wrapped to one character; `COLUMNS` gives
+/// the width when set.
 #[tokio::test]
 async fn a_terminal_without_a_size_gets_readable_tables() {
     let dir = tempfile::tempdir().unwrap();
-    for columns in [None, Some("160")] {
+    for (width, columns) in [(0, None), (0, Some("160")), (20, None)] {
         let mut cmd = trellis();
         cmd.args(["run", "suites/booking.kdl", "--replace", "--out"])
             .arg(dir.path().join("out"))
@@ -1100,7 +1101,7 @@ async fn a_terminal_without_a_size_gets_readable_tables() {
         if let Some(columns) = columns {
             cmd.env("COLUMNS", columns);
         }
-        let master = crate::stdout_on_terminal(&mut cmd, 0, 0);
+        let master = crate::stdout_on_terminal(&mut cmd, 0, width);
         let mut child = cmd.spawn().unwrap();
         // The command holds its copy of the slave end until dropped: the reads below end
         // only once no slave end is left open.
