@@ -788,6 +788,11 @@ impl Session {
             let why = whys.get(&key).copied().unwrap_or(Why::New);
             let last = self.previous(&key);
             let now = prints.get(&key);
+            // A scenario gone from the last run and back with some steps edited: its
+            // trajectories through none of them are answered from the records, as a
+            // scenario back unchanged is, and are "back", not "new" (the last results do
+            // not hold them).
+            let back = !self.planned.contains(&key);
             for t in &s.trajectories {
                 let leaf = t.nodes.last();
                 let node_why = match (why, last, now, leaf) {
@@ -800,6 +805,7 @@ impl Session {
                                 match after.change_from(before) {
                                     Change::Conversation => Why::Steps,
                                     Change::Checks => Why::Checks,
+                                    Change::None if back => Why::Back,
                                     Change::None => Why::Unchanged,
                                 }
                             }

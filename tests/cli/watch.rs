@@ -1821,3 +1821,53 @@ async fn a_terminal_lists_twenty_standing_failures_and_counts_the_rest() {
     assert!(more.contains("… and 4 more"), "{more}");
     assert!(more.contains("latest/report.html"), "{more}");
 }
+
+/// A branching scenario away from one rerun (its file emptied by an editor's save) and back
+/// with one branch edited: the other branch is answered from its records and said `(back)`;
+/// it was said `(new)`, though no agent was called for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_back_unchanged_beside_an_edited_one_is_said_back() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |second: &str| {
+        format!(
+            r#"agent "bot" protocol="connexity" url="{}"
+scenario "forks" {{
+    agent "bot"
+    user "hello"
+    branch "kept" {{
+        user "first"
+    }}
+    branch "edited" {{
+        user "{second}"
+    }}
+    expect no-error
+}}
+"#,
+            agent.url()
+        )
+    };
+    write(&suite, &text("second"));
+    // Another file, so that the directory still holds a suite while this one is empty.
+    write(
+        &dir.path().join("other.kdl"),
+        &format!(
+            "agent \"b2\" protocol=\"connexity\" url=\"{}\"\nscenario \"other\" {{\n    \
+             agent \"b2\"\n    user \"x\"\n    expect no-error\n}}\n",
+            agent.url()
+        ),
+    );
+    let mut watch = Watch::start_on(dir.path(), ".", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    write(&suite, "");
+    watch.wait_for("watch: rerun 2 done").await;
+    write(&suite, &text("second, edited"));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(
+        lines.contains("suite/forks · kept [bot #0]") && lines.contains("(back)"),
+        "{}",
+        watch.all()
+    );
+    assert!(!lines.contains("(new)"), "{}", watch.all());
+}
