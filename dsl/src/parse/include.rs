@@ -1327,32 +1327,26 @@ fn misindented_block(text: &str, outer: usize) -> Option<(usize, usize)> {
         (line.trim_start().is_empty() || bytes.get(at) == Some(&b'{')).then_some(blanks)
     };
     let mut open = Vec::new();
-    let mut i = outer;
-    while let Some(&b) = bytes.get(i) {
-        let next = match b {
-            b'{' => {
-                open.push(i);
-                Ok(i + 1)
-            }
-            b'}' => {
-                let o = open.pop()?;
-                if o != outer
-                    && let (Some(a), Some(c)) = (indent(o), indent(i))
-                    && a != c
-                {
-                    return Some((o, i));
-                }
-                Ok(i + 1)
-            }
-            b'/' if bytes.get(i + 1) == Some(&b'/') => Ok(crate::depth::skip_line(bytes, i)),
-            b'/' if bytes.get(i + 1) == Some(&b'*') => crate::depth::skip_comment(bytes, i),
-            b'"' => crate::depth::skip_quoted(bytes, i),
-            b'#' => crate::depth::skip_raw(bytes, i),
-            _ => Ok(i + 1),
+    let mut found = None;
+    scan_braces(text, outer, |brace, at| {
+        if brace == b'{' {
+            open.push(at);
+            return true;
+        }
+        let Some(o) = open.pop() else {
+            // Past the block's end.
+            return false;
         };
-        i = next.unwrap_or(bytes.len()).max(i + 1);
-    }
-    None
+        if o != outer
+            && let (Some(a), Some(c)) = (indent(o), indent(at))
+            && a != c
+        {
+            found = Some((o, at));
+            return false;
+        }
+        true
+    });
+    found
 }
 
 /// The first escape in a quoted string that KDL v2 does not define (`\d` in `"\d+"`): its
@@ -1380,17 +1374,29 @@ fn unknown_escape(quoted: &str) -> Option<String> {
 /// stopped. Strings and comments are skipped as the nesting check reads them
 /// (`crate::depth`); one the parser cannot close takes the rest of the text.
 fn unmatched_braces(text: &str) -> (Vec<usize>, Vec<usize>) {
-    let bytes = text.as_bytes();
     let (mut open, mut stray) = (Vec::new(), Vec::new());
-    let mut i = 0;
+    scan_braces(text, 0, |brace, at| {
+        if brace == b'{' {
+            open.push(at);
+        } else {
+            stray.extend(open.pop().is_none().then_some(at));
+        }
+        true
+    });
+    (open, stray)
+}
+
+/// Calls `on` with each `{` and `}` of `text` from `from` on and its offset, strings and
+/// comments skipped as the nesting check reads them (`crate::depth`), until it says `false`.
+fn scan_braces(text: &str, from: usize, mut on: impl FnMut(u8, usize) -> bool) {
+    let bytes = text.as_bytes();
+    let mut i = from;
     while let Some(&b) = bytes.get(i) {
         let next = match b {
-            b'{' => {
-                open.push(i);
-                Ok(i + 1)
-            }
-            b'}' => {
-                stray.extend(open.pop().is_none().then_some(i));
+            b'{' | b'}' => {
+                if !on(b, i) {
+                    return;
+                }
                 Ok(i + 1)
             }
             b'/' if bytes.get(i + 1) == Some(&b'/') => Ok(crate::depth::skip_line(bytes, i)),
@@ -1401,7 +1407,6 @@ fn unmatched_braces(text: &str) -> (Vec<usize>, Vec<usize>) {
         };
         i = next.unwrap_or(bytes.len()).max(i + 1);
     }
-    (open, stray)
 }
 
 /// Whether a node starts at `at` on a line whose text before it ends with a block's `}`
