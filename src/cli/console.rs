@@ -1172,6 +1172,11 @@ impl Console {
         outln!("  junit    {}", shown(&files.junit, true));
         outln!("  summary  {}", shown(&files.summary, true));
         match journal {
+            // Written, but gone since (the directory removed while the run ran).
+            Some(journal) if !journal.is_file() => outln!(
+                "  journal  NOT FOUND: {} is gone (its directory removed during the run?)",
+                journal.display()
+            ),
             Some(journal) => outln!("  journal  {}", journal.display()),
             None => outln!("  journal  (incomplete: could not be written)"),
         }
