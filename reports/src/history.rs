@@ -184,11 +184,18 @@ impl RunMeta {
             path: path.clone(),
             source,
         })?;
-        std::fs::write(&partial, text + "\n").map_err(|source| HistoryError::Io {
-            path: partial.clone(),
-            source,
-        })?;
-        std::fs::rename(&partial, &path).map_err(|source| HistoryError::Io { path, source })
+        // A write that fails (a full disk) leaves no empty `run.json.partial` behind.
+        if let Err(source) = std::fs::write(&partial, text + "\n") {
+            let _ = std::fs::remove_file(&partial);
+            return Err(HistoryError::Io {
+                path: partial.clone(),
+                source,
+            });
+        }
+        std::fs::rename(&partial, &path).map_err(|source| {
+            let _ = std::fs::remove_file(&partial);
+            HistoryError::Io { path, source }
+        })
     }
 
     /// `key=value` for each label, sorted by key (as in `runs.parquet`).
