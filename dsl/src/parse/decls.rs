@@ -34,8 +34,40 @@ impl<'f> Decoder<'f> {
                     let known = lang::top_level().iter().map(|s| s.name);
                     self.unknown_node(other, v.name_span, "a suite file", known);
                     self.misspelled_definition(other, &v);
+                    self.check_as_meant(other, &v);
                 }
             }
+        }
+    }
+
+    /// A top-level node a typo away from a declaration (`scenaro "s" { … }`) has its body
+    /// checked as that declaration, so that the mistakes inside it are reported with the
+    /// typo, all at once, not one save later; what it decodes to is dropped (the file has
+    /// an error, and nothing runs).
+    fn check_as_meant(&mut self, name: &str, v: &View) {
+        let meant = crate::diagnostics::did_you_mean(
+            name,
+            [
+                "scenario",
+                "agent",
+                "persona",
+                "tool",
+                "provider",
+                "simulator",
+                "judge",
+                "panel",
+            ],
+        );
+        match meant {
+            Some("scenario") => drop(self.scenario(v)),
+            Some("agent") => drop(self.agent(v)),
+            Some("persona") => drop(self.persona(v)),
+            Some("tool") => drop(self.tool(v)),
+            Some("provider") => drop(self.provider(v)),
+            Some("simulator") => drop(self.simulator(v)),
+            Some("judge") => drop(self.judge(v)),
+            Some("panel") => drop(self.panel(v)),
+            _ => {}
         }
     }
 
