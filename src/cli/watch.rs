@@ -1133,10 +1133,10 @@ impl RunHeader {
             .collect();
         let unchanged = self.whys.len() - rerun.len();
         outln!(
-            "watch: rerun {}: {}: {} scenario(s) to rerun{}",
+            "watch: rerun {}: {}: {} to rerun{}",
             self.number,
             self.what,
-            rerun.len(),
+            super::console::count(rerun.len() as u64, "scenario", "scenarios"),
             if unchanged > 0 {
                 format!(", {unchanged} unchanged")
             } else {
