@@ -668,9 +668,11 @@ fn value_items(
     }
     if node_name == "include" {
         let dir = file.parent().unwrap_or(Path::new("/"));
+        // Hidden files and directories, which a directory's load leaves out, are not offered.
         for entry in walkdir::WalkDir::new(dir)
             .max_depth(4)
             .into_iter()
+            .filter_entry(|e| e.depth() == 0 || !e.file_name().as_encoded_bytes().starts_with(b"."))
             .filter_map(Result::ok)
         {
             let p = entry.path();
