@@ -280,6 +280,15 @@ pub enum HistoryError {
     )]
     NoSuchRun { what: String, dir: PathBuf },
 
+    #[error("{} is a directory, but not a run's: it holds neither run.json nor a journal", dir.display())]
+    #[diagnostic(
+        code(trellis::history::not_a_run),
+        help(
+            "name a directory `trellis run --out` wrote, a run id or a name; `trellis runs` lists them"
+        )
+    )]
+    NotARunDir { dir: PathBuf },
+
     #[error("an empty run name names no run")]
     #[diagnostic(
         code(trellis::history::empty_run),
@@ -851,9 +860,18 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
     if as_path.is_dir() && is_run_dir(as_path) && !(bare && directory.is_some()) {
         return whole(as_path);
     }
-    let not_found = || HistoryError::NoSuchRun {
-        what: what.to_owned(),
-        dir: runs_dir.to_path_buf(),
+    let not_found = || {
+        // A path to a directory that is not a run (`compare A /etc`): said as such, not as a
+        // run missing from the runs directory.
+        if !bare && as_path.is_dir() {
+            return HistoryError::NotARunDir {
+                dir: as_path.to_path_buf(),
+            };
+        }
+        HistoryError::NoSuchRun {
+            what: what.to_owned(),
+            dir: runs_dir.to_path_buf(),
+        }
     };
     if let Some(dir) = directory {
         let run = whole(&dir)?;

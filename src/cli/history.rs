@@ -891,8 +891,10 @@ pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
     let entry = history::resolve_run(runs_dir, what).map_err(|e| {
         // `--baseline` takes an optional value, so `run --baseline suites/` reads the suite
         // path as the baseline's name.
-        let is_suite_path = matches!(e, HistoryError::NoSuchRun { .. })
-            && (Path::new(what).exists() || what.ends_with(".kdl"));
+        let is_suite_path = matches!(
+            e,
+            HistoryError::NoSuchRun { .. } | HistoryError::NotARunDir { .. }
+        ) && (Path::new(what).exists() || what.ends_with(".kdl"));
         let code = report_error(e);
         if is_suite_path {
             errln!(

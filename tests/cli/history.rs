@@ -2472,3 +2472,23 @@ async fn a_damaged_run_json_hides_only_its_own_run() {
         stderr(&o)
     );
 }
+
+/// A path to a directory that holds no run is said to be one, not "no run `/x` in runs".
+#[tokio::test]
+async fn a_directory_that_is_not_a_run_is_said_to_be_one() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = work.path().join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let o = trellis()
+        .current_dir(work.path())
+        .args(["compare", "./plain", "./plain"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        crate::flat(&stderr(&o)).contains("is a directory, but not a run's"),
+        "{}",
+        stderr(&o)
+    );
+}
