@@ -282,9 +282,11 @@ pub fn run(args: RunArgs) -> u8 {
             Ok(Prepared::Resume(r)) => {
                 run_id.clone_from(&r.run_id);
                 if !json && !args.quiet {
+                    // Finished ones count the forks agents made beyond the plan: "58
+                    // kept, the rest of 54" read as more done than planned.
                     errln!(
-                        "resuming run {run_id} in {}: {} finished before and kept, the \
-                         rest of {} planned run now",
+                        "resuming run {run_id} in {}: {} finished before and kept (forks \
+                         the agents made included); what is left of the {} planned runs now",
                         dir.display(),
                         super::console::count(
                             r.finished.totals().trajectories,
