@@ -152,6 +152,17 @@ scenario "bench" {{
         let Some(f) = measure(&suite, &out, args.jobs) else {
             return EXIT_INVALID;
         };
+        // Its run stopped by a signal (Ctrl-C reaches the whole process group): the
+        // bench stops as that run did, with its exit code, not as a failed measurement.
+        if matches!(
+            f.exit_code,
+            super::stop::EXIT_INTERRUPTED
+                | super::stop::EXIT_TERMINATED
+                | super::stop::EXIT_HUNG_UP
+        ) {
+            super::console::errln!("stopped during run {run}");
+            return f.exit_code;
+        }
         if f.turns != expected || f.exit_code != EXIT_OK {
             super::console::errln!(
                 "error: run {run} took {} turns (expected {expected}) and exited {}",
