@@ -35,6 +35,11 @@ impl<'f> Decoder<'f> {
                     self.unknown_node(other, v.name_span, "a suite file", known);
                     self.misspelled_definition(other, &v);
                     self.check_as_meant(other, &v);
+                    // `inclde "shared.kdl"`: the file is loaded as it was meant to be, so
+                    // that its definitions are known and the other errors are all said now.
+                    if crate::diagnostics::did_you_mean(other, ["include"]).is_some() {
+                        includes.push(node.clone());
+                    }
                 }
             }
         }
@@ -74,8 +79,7 @@ impl<'f> Decoder<'f> {
     /// A top-level node misspelling a definition (`agnt "demo"`, `incude "…"`) is one
     /// mistake, reported as an unknown node: what it meant to define is declared, so that its
     /// uses are not also reported undefined (before the typo, as they sort), as for a
-    /// definition with errors of its own; a misspelled `include` makes the project's
-    /// definitions unknown, as a missing include does.
+    /// definition with errors of its own; a misspelled `include` is loaded as one.
     fn misspelled_definition(&mut self, name: &str, v: &View) {
         let meant = crate::diagnostics::did_you_mean(
             name,
@@ -85,10 +89,9 @@ impl<'f> Decoder<'f> {
         );
         let id = v.args.first().and_then(|a| a.value().as_string());
         let kind = match meant {
-            Some("include") => {
-                self.info.broken = true;
-                return;
-            }
+            // Loaded as an include (`nodes`): a missing file makes the definitions unknown
+            // there, as for any include.
+            Some("include") => return,
             Some("agent") => RefKind::Agent,
             Some("persona") => RefKind::Persona,
             Some("tool") => RefKind::Tool,
