@@ -268,40 +268,52 @@ fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnosti
     along(&sc.steps, HashMap::new(), &mut said, files, out);
 }
 
-/// A `max-turns` below the turns a path's scripted steps take: every trajectory of that
-/// path fails at the limit whatever the agent does ("reached max-turns with scripted steps
-/// left"), which is the suite's arithmetic, not the agent's behaviour. Simulated turns are
-/// not counted: how many there are is the simulator's to decide.
+/// A `max-turns` below the turns a path's steps take: with scripted steps past it, every
+/// trajectory of that path fails at the limit whatever the agent does ("reached max-turns
+/// with scripted steps left"), which is the suite's arithmetic, not the agent's behaviour;
+/// with a `simulate turns=N` past it, the conversation is cut short at the limit and the
+/// path passes on fewer turns than written. `simulate until-done` is not counted: how many
+/// turns it takes is the simulator's to decide, up to the limit.
 fn scripted_past_max_turns(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
-    /// The most agent turns any path through `steps` takes from its scripted steps.
-    fn most(steps: &[Step]) -> u64 {
-        let mut turns = 0u64;
+    /// The most agent turns any path through `steps` takes, scripted and in all (with
+    /// `simulate turns=N`), each the path that takes the most of it.
+    fn most(steps: &[Step]) -> (u64, u64) {
+        let (mut scripted, mut all) = (0u64, 0u64);
         for (i, step) in steps.iter().enumerate() {
             match &step.kind {
-                StepKind::User(_) | StepKind::Call { .. } => turns += 1,
+                StepKind::User(_) | StepKind::Call { .. } => {
+                    scripted += 1;
+                    all += 1;
+                }
+                StepKind::Simulate { turns: Some(n), .. } => all += u64::from(*n),
                 StepKind::Fork(branches) => {
-                    let widest = branches.iter().map(|b| most(&b.steps)).max().unwrap_or(0);
-                    let rest = steps.get(i + 1..).unwrap_or_default();
-                    return turns + widest + most(rest);
+                    let widest = branches
+                        .iter()
+                        .map(|b| most(&b.steps))
+                        .fold((0, 0), |(s, a), (bs, ba)| (s.max(bs), a.max(ba)));
+                    let rest = most(steps.get(i + 1..).unwrap_or_default());
+                    return (scripted + widest.0 + rest.0, all + widest.1 + rest.1);
                 }
                 _ => {}
             }
         }
-        turns
+        (scripted, all)
     }
     let Some(max) = sc.max_turns else {
         return;
     };
     let opening = u64::from(sc.first_turn == FirstTurn::Agent);
-    let turns = most(&sc.steps) + opening;
-    if turns <= u64::from(max) {
+    let (scripted, all) = most(&sc.steps);
+    let (scripted, all) = (scripted + opening, all + opening);
+    let max = u64::from(max);
+    if all <= max {
         return;
     }
-    out.push(
+    let diag = if scripted > max {
         Diagnostic::at_span(
             Kind::MaxTurns,
             format!(
-                "scenario `{}` scripts {turns} agent turns on its longest path, past its \
+                "scenario `{}` scripts {scripted} agent turns on its longest path, past its \
                  `max-turns {max}`: that path fails at the limit whatever the agent does",
                 sc.id.value
             ),
@@ -310,10 +322,27 @@ fn scripted_past_max_turns(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Di
             "more scripted turns than max-turns",
         )
         .with_help(format!(
-            "raise `max-turns` to at least {turns}, or script fewer steps (a `user`, a `call` \
-             and an agent's opening turn each take one)"
-        )),
-    );
+            "raise `max-turns` to at least {scripted}, or script fewer steps (a `user`, a \
+             `call` and an agent's opening turn each take one)"
+        ))
+    } else {
+        Diagnostic::at_span(
+            Kind::MaxTurns,
+            format!(
+                "scenario `{}` asks for {all} agent turns on its longest path, its `simulate \
+                 turns=…` included, past its `max-turns {max}`: the simulated conversation is \
+                 cut at the limit, and the path passes on fewer turns than written",
+                sc.id.value
+            ),
+            files,
+            sc.id.span,
+            "more turns than max-turns",
+        )
+        .with_help(format!(
+            "raise `max-turns` to at least {all}, or simulate fewer turns"
+        ))
+    };
+    out.push(diag);
 }
 
 /// `needs` on a `draft` or `archived` scenario: it does not run without

@@ -1190,6 +1190,20 @@ scenario "fits" {
     user "after"
     expect no-error
 }
+provider "fake" kind="openai" base-url="http://127.0.0.1:9/v1" model="m"
+scenario "simulated" {
+    max-turns 3
+    user "one"
+    branch "x" { simulate turns=4; }
+    branch "y" { user "two"; }
+    criteria { no-error }
+}
+scenario "until-done" {
+    max-turns 3
+    user "one"
+    simulate until-done
+    criteria { no-error }
+}
 "#,
     )
     .unwrap();
@@ -1199,10 +1213,13 @@ scenario "fits" {
     for warning in [
         "scenario `long` scripts 4 agent turns on its longest path",
         "scenario `long` needs `wip`, which is a draft and does not run by default",
+        // A fixed number of simulated turns past the limit is cut there, and passes.
+        "scenario `simulated` asks for 5 agent turns on its longest path, its `simulate \
+         turns=…` included",
     ] {
         assert!(said.contains(warning), "{warning}: {said}");
     }
-    assert_eq!(said.matches("trellis::max_turns").count(), 1, "{said}");
+    assert_eq!(said.matches("trellis::max_turns").count(), 2, "{said}");
 }
 
 /// A check written twice for one turn (or twice for the whole trajectory) is a warning: its
