@@ -451,8 +451,16 @@ fn decode(body: &[u8], from_line: bool) -> Result<Reply, Fault> {
     let action = match action {
         "call_tool" => Action::CallTool(fields.tool_call()?),
         "call_multiple_tools" => Action::CallMultipleTools(fields.tool_calls()?),
+        // `message` too, as on `completed`: agents answer `{"action": "final_answer",
+        // "message": "…"}`, and the scenario files' `target: message` reads it.
         "final_answer" => Action::FinalAnswer {
-            summary: fields.first_text(&["summary", "answer", "final_answer", "content"])?,
+            summary: fields.first_text(&[
+                "summary",
+                "answer",
+                "final_answer",
+                "message",
+                "content",
+            ])?,
         },
         "completed" => Action::Completed {
             text: fields.first_text(&["summary", "result", "answer", "message", "content"])?,
@@ -977,6 +985,9 @@ mod tests {
             reply.action.final_text(),
             Some("The issue is resolved. Customer Wi-Fi was on a congested channel.")
         );
+        // The text in `message`, as some agents write it.
+        let reply = decode(r#"{"action":"final_answer","message":"done here"}"#);
+        assert_eq!(reply.action.final_text(), Some("done here"));
         // No summary at all: the loop still ends, with no text.
         let reply = decode(r#"{"action":"final_answer"}"#);
         assert_eq!(reply.action, Action::FinalAnswer { summary: None });
