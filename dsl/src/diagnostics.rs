@@ -86,6 +86,9 @@ pub enum Kind {
     /// A warning of `trellis check`: a scenario scripts more agent turns on a path than its
     /// `max-turns`, so that path fails at the limit whatever the agent does.
     MaxTurns,
+    /// A warning of `trellis check`: a `branch` with no sibling, a fork of one, whose steps
+    /// run in sequence rather than as an alternative.
+    LoneBranch,
     /// A warning of `trellis check`: a suite file with no nodes (empty, or comments only),
     /// such as one just created in an editor. Loading goes on without it; a project left
     /// with no scenario at all is an error of its own.
@@ -129,6 +132,7 @@ impl Kind {
             Kind::DuplicateCheck => "trellis::duplicate_check",
             Kind::NoSuite => "trellis::no_suite",
             Kind::MaxTurns => "trellis::max_turns",
+            Kind::LoneBranch => "trellis::lone_branch",
             Kind::EmptyFile => "trellis::empty_file",
         }
     }
@@ -172,6 +176,7 @@ impl Diagnostic {
                 | Kind::UnknownTool
                 | Kind::DuplicateCheck
                 | Kind::MaxTurns
+                | Kind::LoneBranch
                 | Kind::EmptyFile => Severity::Warning,
                 _ => Severity::Error,
             },

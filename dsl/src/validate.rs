@@ -345,6 +345,41 @@ fn scripted_past_max_turns(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Di
     out.push(diag);
 }
 
+/// A `branch` with no sibling (another step between it and the next `branch`, or none
+/// after it): a fork of one, whose steps just run in sequence with what follows, where
+/// alternatives were most likely meant (an `expect` written between two branches splits
+/// them into two forks of one each).
+fn lone_branches(steps: &[Step], files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    for step in steps {
+        let StepKind::Fork(branches) = &step.kind else {
+            continue;
+        };
+        if let [only] = branches.as_slice() {
+            out.push(
+                Diagnostic::at_span(
+                    Kind::LoneBranch,
+                    format!(
+                        "`branch \"{}\"` has no sibling: a fork of one, whose steps run in \
+                         sequence with the rest, not as an alternative",
+                        only.name.value
+                    ),
+                    files,
+                    only.name.span,
+                    "a fork of one",
+                )
+                .with_help(
+                    "branches are alternatives only when written one right after another; \
+                     move the step between them (an `expect`, say) into each branch or after \
+                     the group, or write the steps without `branch`",
+                ),
+            );
+        }
+        for branch in branches {
+            lone_branches(&branch.steps, files, out);
+        }
+    }
+}
+
 /// `needs` on a `draft` or `archived` scenario: it does not run without
 /// `--include-inactive`, so the scenario that needs it is skipped every time.
 /// `needs` are found through `resolver`, built once for the project: scanning the suites for
@@ -442,6 +477,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         if first_instance {
             duplicate_checks(sc, files, &mut out);
             scripted_past_max_turns(sc, files, &mut out);
+            lone_branches(&sc.steps, files, &mut out);
             if let Some(resolver) = &resolver {
                 needs_of_inactive(project, resolver, suite, sc, &mut out);
             }

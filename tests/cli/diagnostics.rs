@@ -1526,3 +1526,36 @@ async fn hidden_files_under_a_directory_are_left_out() {
     let o = crate::check(&dir.path().join(".main.kdl")).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// A `branch` with no sibling is a fork of one: its steps run in sequence with the rest,
+/// not as an alternative (an `expect` written between two branches splits them). Warned.
+#[tokio::test]
+async fn a_branch_without_a_sibling_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "a" protocol="connexity" builtin="booking"
+scenario "split" {
+    user "hi"
+    branch "x" { user "one"; }
+    expect no-error
+    branch "y" { user "two"; }
+    expect no-error
+}
+scenario "paired" {
+    user "hi"
+    branch "x" { user "one"; }
+    branch "y" { user "two"; }
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::lone_branch").count(), 2, "{said}");
+    assert!(said.contains("`branch \"x\"` has no sibling"), "{said}");
+    assert!(said.contains("s.kdl:4:"), "{said}");
+}
