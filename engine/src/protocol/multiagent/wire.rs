@@ -396,6 +396,73 @@ pub fn agent_name(reply: &Map<String, Value>) -> Option<String> {
         .or_else(|| metadata.and_then(|m| named(m, "model")))
 }
 
+/// `body` as strict JSON, when it is JSON as Python writes it by default: `NaN`,
+/// `Infinity` and `-Infinity` as values (become `null`), and a `\\uD83D` escape without its
+/// other half (becomes U+FFFD). `None` when there is none of them to rewrite.
+fn python_json(body: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut changed = false;
+    let mut i = 0;
+    let mut in_string = false;
+    let hex = |at: usize| -> Option<u16> {
+        let digits = body.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    while let Some(&b) = body.get(i) {
+        if in_string {
+            match b {
+                b'"' => in_string = false,
+                b'\\' if body.get(i + 1) == Some(&b'u') => {
+                    if let Some(unit) = hex(i + 2) {
+                        let high = (0xD800..0xDC00).contains(&unit);
+                        let low = (0xDC00..0xE000).contains(&unit);
+                        let paired = high
+                            && body.get(i + 6..i + 8) == Some(b"\\u")
+                            && hex(i + 8).is_some_and(|next| (0xDC00..0xE000).contains(&next));
+                        if (high && !paired) || low {
+                            out.extend_from_slice(b"\\ufffd");
+                            changed = true;
+                            i += 6;
+                            continue;
+                        }
+                        if paired {
+                            out.extend_from_slice(&body[i..i + 12]);
+                            i += 12;
+                            continue;
+                        }
+                    }
+                }
+                b'\\' => {
+                    // An escape's second byte is never the string's end.
+                    out.extend_from_slice(body.get(i..i + 2).unwrap_or(&body[i..]));
+                    i += 2;
+                    continue;
+                }
+                _ => {}
+            }
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+        } else {
+            let word = [&b"-Infinity"[..], b"Infinity", b"NaN"]
+                .into_iter()
+                .find(|w| body[i..].starts_with(w));
+            if let Some(word) = word {
+                out.extend_from_slice(b"null");
+                changed = true;
+                i += word.len();
+                continue;
+            }
+        }
+        out.push(b);
+        i += 1;
+    }
+    changed.then_some(out)
+}
+
 /// Decodes one reply: an HTTP body (or a message's text).
 pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
     decode(body, false)
@@ -418,7 +485,14 @@ fn decode(body: &[u8], from_line: bool) -> Result<Reply, Fault> {
             "the agent sent an empty reply, expected a JSON object with an `action`",
         ));
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| not_json(body, &e, from_line))?;
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(value) => value,
+        // What Python's `json.dumps` writes by default and the harness's `json.loads` reads
+        // back: tried only once the strict parse failed.
+        Err(e) => python_json(body)
+            .and_then(|compat| serde_json::from_slice(&compat).ok())
+            .ok_or_else(|| not_json(body, &e, from_line))?,
+    };
     let Value::Object(raw) = value else {
         return Err(protocol(
             body,
@@ -973,6 +1047,19 @@ mod tests {
             Ok(Some("ok".to_owned()))
         );
         assert!(decode_line_reply(b"\xEF\xBB\xBF").is_err());
+    }
+
+    /// What Python's `json.dumps` writes by default (the harness reads it back): `NaN` and
+    /// the infinities become `null`, a surrogate without its pair U+FFFD; a pair, and those
+    /// words inside strings, stay as they are.
+    #[test]
+    fn json_as_python_writes_it_is_read() {
+        let reply = decode(
+            r#"{"action":"final_answer","summary":"NaN \ud83d\ude00 ok \ud83d","metadata":{"confidence":NaN,"hi":Infinity,"lo":-Infinity}}"#,
+        );
+        assert_eq!(reply.action.final_text(), Some("NaN \u{1F600} ok \u{FFFD}"));
+        assert!(python_json(br#"{"a":1}"#).is_none());
+        assert!(decode_reply(br#"{"action":"final_answer","summary":Nope}"#).is_err());
     }
 
     #[test]
