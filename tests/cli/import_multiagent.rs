@@ -936,3 +936,41 @@ async fn single_files_imported_side_by_side_check_together() {
     let o = check(&suites).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+/// A data file a scenario names as its `metadata.dataset.path`, beside the scenarios, is
+/// passed over with a note: the directory imported with exit 1 ("holds an array, not a
+/// JSON object"), so a real corpus could never import cleanly.
+#[tokio::test]
+async fn a_scenarios_dataset_beside_it_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scen");
+    std::fs::create_dir_all(scen.join("data")).unwrap();
+    std::fs::write(
+        scen.join("refund.json"),
+        r#"{"aes_version": 1.4, "metadata": {"id": "refund", "name": "Refund", "dataset": {"path": "./data/rows.json"}},
+ "workflow": {"nodes": [{"id": "a", "task_description": "How do I return an item?", "expected_outcome": [{"target": "message", "expected": "prepaid label", "mode": "contains"}]}], "edges": []},
+ "evaluation": {"metrics": []}}"#,
+    )
+    .unwrap();
+    std::fs::write(scen.join("data/rows.json"), r#"[{"order": "A-1"}]"#).unwrap();
+    // A broken file no scenario names is still an error.
+    std::fs::write(scen.join("stray.json"), "[1, 2]").unwrap();
+    let out = dir.path().join("out");
+    let o = import(&[scen.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    let err = stderr(&o);
+    assert!(
+        err.contains("data/rows.json is a scenario's dataset"),
+        "{err}"
+    );
+    assert!(err.contains("stray.json: "), "{err}");
+    assert_eq!(o.status.code(), Some(1), "the stray file: {err}");
+    std::fs::remove_file(scen.join("stray.json")).unwrap();
+    let o = import(&[
+        scen.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--replace",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

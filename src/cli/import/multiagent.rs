@@ -254,6 +254,37 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         );
     });
 
+    // A data file that a scenario names as its `metadata.dataset.path` sits in the
+    // scenario tree, and is no scenario file: passed over, not an import that failed (a
+    // real corpus could otherwise never import cleanly).
+    let datasets: std::collections::HashSet<PathBuf> = jobs
+        .iter()
+        .filter_map(|job| {
+            let Some(Ok(scenario)) = &job.parsed else {
+                return None;
+            };
+            let path = job.input.parent()?.join(scenario.dataset_path.as_deref()?);
+            path.canonicalize().ok()
+        })
+        .collect();
+    if !datasets.is_empty() {
+        jobs.retain(|job| {
+            let is_dataset = matches!(job.parsed, Some(Err(_)))
+                && job
+                    .input
+                    .canonicalize()
+                    .is_ok_and(|path| datasets.contains(&path));
+            if is_dataset && !args.quiet {
+                errln!(
+                    "note: {} is a scenario's dataset (`metadata.dataset.path`), not a \
+                     scenario file: passed over",
+                    super::one_line(&job.input.display().to_string())
+                );
+            }
+            !is_dataset
+        });
+    }
+
     let explicit = explicit_agent(args);
     let agent_id = args
         .agent_id

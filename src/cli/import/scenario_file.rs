@@ -136,6 +136,9 @@ pub struct ScenarioFile {
     pub unmapped: Vec<String>,
     /// File-level remarks that are not losses.
     notes: Vec<String>,
+    /// `metadata.dataset.path`, relative to the file: a data file beside the scenarios,
+    /// which a directory's import passes over instead of failing on it.
+    pub dataset_path: Option<String>,
 }
 
 /// Where the rendered suite points.
@@ -370,6 +373,8 @@ struct Reader {
     unmapped: Vec<String>,
     notes: Vec<String>,
     tags: Vec<String>,
+    /// `metadata.dataset.path`, as written (relative to the file).
+    dataset_path: Option<String>,
 }
 
 /// Top-level keys each generation defines, and whether trellis uses them.
@@ -513,10 +518,14 @@ impl Reader {
                         .tags
                         .extend(tags.iter().filter_map(Value::as_str).map(str::to_owned)),
                     ("agent", value) => agent = self.file_agent(value),
-                    ("dataset", value) => self.unmapped(format!(
-                        "`metadata.dataset` {} (datasets are not imported)",
-                        brief(value)
-                    )),
+                    ("dataset", value) => {
+                        self.dataset_path =
+                            value.get("path").and_then(Value::as_str).map(str::to_owned);
+                        self.unmapped(format!(
+                            "`metadata.dataset` {} (datasets are not imported)",
+                            brief(value)
+                        ));
+                    }
                     (key, value) => {
                         self.unmapped(format!("`metadata.{key}` {}", brief(value)));
                     }
@@ -691,6 +700,7 @@ impl Reader {
             criteria: parts.criteria,
             unmapped: self.unmapped,
             notes: self.notes,
+            dataset_path: self.dataset_path,
         })
     }
 
