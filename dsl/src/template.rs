@@ -495,7 +495,14 @@ pub fn check_reading_env(
         // A field the scope does not have, of a variable it has, read only where it may be
         // missing (`{{ user_context.zip | default('') }}`): it renders. An unknown variable
         // is reported however it is read (a typo guarded by `default` would never show).
+        // `row` is in scope only in a `for-each` scenario: a template shared with others (an
+        // agent's header) may read it where it is defined, guarded as `user_context` is.
+        // Only behind `row is defined`: `row.x | default(…)` reads a field of an undefined
+        // value, which strict rendering refuses at run time.
+        let guarded_root =
+            root == "row" && every_read_where_defined(&template.source, &shown, root);
         if scope.roots.contains_key(root) && every_read_guarded_in_blocks(&template.source, &shown)
+            || guarded_root
         {
             continue;
         }
@@ -649,6 +656,16 @@ fn every_read_guarded_in_blocks(source: &str, var: &str) -> bool {
         && reads
             .iter()
             .all(|(at, g)| *g != Guard::None || inside_defined_block(source, var, *at))
+}
+
+/// Whether every read of `var` in `source` is inside an `if` (a block, or the tag's own
+/// inline `if`) entered only when `root` is defined.
+fn every_read_where_defined(source: &str, var: &str, root: &str) -> bool {
+    let reads = read_guards_at(source, var);
+    !reads.is_empty()
+        && reads
+            .iter()
+            .all(|(at, _)| inside_defined_block(source, root, *at))
 }
 
 /// Whether byte `at` of `source` is inside an `if` branch entered only when `var` is

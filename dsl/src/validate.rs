@@ -1555,7 +1555,7 @@ impl<'p> Validator<'p> {
             None => {
                 scope = scope.with_hint(
                     "row",
-                    "this scenario reads no dataset; write `scenario \"ID\" for-each=\"DATASET\"` to use `row.*`",
+                    "this scenario reads no dataset; write `scenario \"ID\" for-each=\"DATASET\"` to use `row.*`, or, in a template other scenarios share, read it only behind `{% if row is defined %}` (`| default(…)` does not guard a field of an undefined `row`)",
                 )
             }
         }

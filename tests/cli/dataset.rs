@@ -2449,3 +2449,55 @@ async fn a_null_inside_a_judge_statement_is_an_error_naming_the_row() {
     let o = check().await;
     assert!(!flat(&stderr(&o)).contains("is null"), "{}", stderr(&o));
 }
+
+/// An agent's header shared by a `for-each` scenario and a plain one may read `row` behind
+/// `row is defined` (inline or as a block): accepted, and both scenarios run. A read guarded
+/// only by `| default(…)` is still refused at `check`: strict rendering refuses a field of an
+/// undefined `row` at run time, and the help says how to guard it.
+#[tokio::test]
+async fn a_shared_header_reads_row_behind_is_defined() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("orders.csv"), "order_id\nA-1\n").unwrap();
+    let suite = |header: &str| {
+        format!(
+            "agent \"s\" protocol=\"connexity\" builtin=\"booking\" {{\n    header \"X-Row\" \
+             \"{header}\"\n}}\ndataset \"o\" path=\"orders.csv\"\n\
+             scenario \"with-row\" for-each=\"o\" {{ user \"hi\"; expect no-error; }}\n\
+             scenario \"no-row\" {{ user \"hi\"; expect no-error; }}\n"
+        )
+    };
+    for (i, header) in [
+        "{{ row.order_id if row is defined else 'none' }}",
+        "{% if row is defined %}{{ row.order_id }}{% endif %}",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = dir.path().join(format!("ok{i}.kdl"));
+        std::fs::write(&path, suite(header)).unwrap();
+        let o = trellis()
+            .arg("run")
+            .arg(&path)
+            .args(["-q", "--out"])
+            .arg(dir.path().join(format!("out{i}")))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{header}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+    }
+    let path = dir.path().join("default.kdl");
+    std::fs::write(&path, suite("{{ row.order_id | default('none') }}")).unwrap();
+    let o = crate::check(&path).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        crate::flat(&stderr(&o)).contains("read it only behind `{% if row is defined %}`"),
+        "{}",
+        stderr(&o)
+    );
+}
