@@ -672,7 +672,11 @@ fn explain(node: &str) -> u8 {
         }
         // An agent setting of some protocols (`agent.request`, `agent.model`): the common
         // table does not have it, the protocols' own tables do.
-        Err(message) => match protocol_setting(node) {
+        // A bare name (`request`) is looked for among the protocols' settings too, as a
+        // bare name is looked for below the top level of the common table.
+        Err(message) => match protocol_setting(node)
+            .or_else(|| protocol_setting(&format!("agent.{}", node.trim())))
+        {
             Some(text) => {
                 console::outln!("{}", text.trim_end());
                 0

@@ -777,9 +777,23 @@ async fn check_explains_a_node_of_the_language_from_its_table() {
         "one of `full`, `task-only`",
         "agent setting of protocol `http`:",
         "the request body",
+        // A turn template's scope names what every template reads too.
+        "besides what every template reads (`user_context`",
     ] {
         assert!(text.contains(said), "{said}: {text}");
     }
+    // Bare, as `branch` is found below the top level.
+    let o = trellis()
+        .args(["check", "--explain", "request"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("agent setting of protocol `http`:"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// A setting only another protocol takes is an error naming the protocols that take it (from

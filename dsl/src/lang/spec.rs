@@ -62,7 +62,9 @@ impl ValueType {
             ValueType::TurnTemplate(names) => {
                 let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
                 format!(
-                    "a template string rendered per turn, with {} in scope",
+                    "a template string rendered per turn, with {} in scope besides what \
+                     every template reads (`user_context`, `persona`, `scenario`, `env`, \
+                     and `row` in a `for-each` scenario)",
                     names.join(", ")
                 )
             }
