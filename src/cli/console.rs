@@ -1060,15 +1060,21 @@ impl Console {
             } else {
                 String::new()
             };
+            // Under a second in milliseconds, as the report and `trellis runs` say it ("0.0s"
+            // for a 41 ms run read as nothing measured).
+            let took = if s.duration_ms < 1000.0 {
+                format!("{:.0} ms", s.duration_ms)
+            } else {
+                format!("{:.1}s", s.duration_ms / 1000.0)
+            };
             outln!(
-                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped{invalid} · {} in {:.1}s",
+                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped{invalid} · {} in {took}",
                 count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
                 count(s.errors, "error", "errors"),
                 s.skipped,
                 count(s.turns, "turn", "turns"),
-                s.duration_ms / 1000.0
             );
         }
         // The engine's own calls (a model under test, `openai`/`anthropic` agents, is the
