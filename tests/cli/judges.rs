@@ -1354,3 +1354,38 @@ async fn an_unusable_llm_cache_is_said() {
         .unwrap();
     assert!(!stderr(&o).contains("--llm-cache"), "{}", stderr(&o));
 }
+
+/// A trajectory whose every check could not run says why, as its first check says it: the
+/// count alone ("none of its 1 check could be evaluated") sent the reader to the report.
+#[tokio::test]
+async fn a_skipped_trajectory_says_why_its_checks_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"j\" {\n    \
+         agent \"a\"\n    user \"hi\"\n    expect judge \"polite\" threshold=0.5\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["-q", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    let said = stdout(&o);
+    assert!(
+        said.contains(
+            "SKIP 1 trajectory: none of its 1 check could be evaluated (no judge configured"
+        ),
+        "{said}"
+    );
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(
+        junit.contains("could be evaluated (no judge configured"),
+        "{junit}"
+    );
+}

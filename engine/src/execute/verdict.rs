@@ -548,8 +548,21 @@ pub(super) fn status_of(
         return (TrajectoryStatus::Failed, None);
     }
     if skipped > 0 && skipped == criteria.len() {
+        // Why, as the first check says it ("not judged: no judge configured"): the count
+        // alone left the reader to open the report to learn what to fix.
+        let why = criteria
+            .iter()
+            .find_map(|c| c.detail.as_deref())
+            .map(|d| {
+                let first = d.lines().next().unwrap_or(d);
+                match first.char_indices().nth(160) {
+                    Some((at, _)) => format!(" ({}…)", &first[..at]),
+                    None => format!(" ({first})"),
+                }
+            })
+            .unwrap_or_default();
         let reason = format!(
-            "none of its {skipped} check{} could be evaluated",
+            "none of its {skipped} check{} could be evaluated{why}",
             if skipped == 1 { "" } else { "s" }
         );
         return (TrajectoryStatus::Skipped, Some(reason));
