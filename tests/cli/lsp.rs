@@ -731,10 +731,26 @@ fn an_edit_of_an_include_outside_the_project_checks_the_includer_again() {
     assert!(main.contains("undefined agent"), "{}", out[3]);
 }
 
-/// One LSP message, framed.
-fn framed(message: &Value) -> Vec<u8> {
-    let body = message.to_string();
-    format!("Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+/// `trellis lsp` started in `dir`, its stdin and its stdout, for tests that speak JSON-RPC to
+/// it by hand.
+fn spawn_server(
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("lsp")
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("trellis lsp");
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    (child, stdin, stdout)
 }
 
 /// Reads one framed message.
@@ -767,17 +783,8 @@ fn the_server_exits_when_the_editor_that_started_it_is_gone() {
     use std::io::Write;
     let dir = project();
     let mut editor = Command::new("sleep").arg("60").spawn().expect("sleep");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .arg("lsp")
-        .current_dir(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("trellis lsp");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut send = |m: Value| stdin.write_all(&framed(&m)).expect("written");
+    let (mut child, mut stdin, mut stdout) = spawn_server(dir.path());
+    let mut send = |m: Value| stdin.write_all(&frame(m)).expect("written");
     send(
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"processId": editor.id(), "rootUri": null, "capabilities": {}}}),
@@ -810,17 +817,8 @@ fn the_server_exits_when_the_editor_that_started_it_is_gone() {
 fn a_request_before_initialized_is_answered_and_the_server_goes_on() {
     use std::io::Write;
     let dir = project();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .arg("lsp")
-        .current_dir(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("trellis lsp");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut send = |m: Value| stdin.write_all(&framed(&m)).expect("written");
+    let (mut child, mut stdin, mut stdout) = spawn_server(dir.path());
+    let mut send = |m: Value| stdin.write_all(&frame(m)).expect("written");
     // Before `initialize`: the request is refused in words, and the server waits on.
     send(
         serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "textDocument/hover",
