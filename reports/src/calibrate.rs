@@ -135,6 +135,32 @@ pub fn cohen_kappa<S: AsRef<str>>(pairs: &[(S, S)]) -> Figure {
             "both raters used one and the same category for every item: kappa is undefined",
         );
     }
+    // A rater who gave every item one category agrees with the other exactly as often as
+    // chance predicts, so kappa is 0 whatever the agreement; the large-sample variance
+    // degenerates with it (a "0.00 [0.00, 0.00]" read as a confident zero).
+    let constant = |counts: &[u64]| counts.iter().filter(|&&c| c > 0).count() == 1;
+    let one_category = |counts: &[u64]| {
+        index
+            .iter()
+            .find(|&(_, &i)| counts.get(i).is_some_and(|&c| c > 0))
+            .map_or("", |(name, _)| *name)
+    };
+    if constant(&col_counts) || constant(&row_counts) {
+        let (who, counts) = if constant(&col_counts) {
+            ("the judge", &col_counts)
+        } else {
+            ("the labels", &row_counts)
+        };
+        return Figure {
+            value: Some(0.0),
+            note: Some(format!(
+                "{who} gave every item `{}`: kappa is 0 whatever the agreement, and has no \
+                 interval",
+                one_category(counts)
+            )),
+            ..Figure::default()
+        };
+    }
     // From the whole counts, one division: (n·agreed − Σ rowᵢ·colᵢ) / (n² − Σ rowᵢ·colᵢ).
     // From the shares, p_o = 0.8 and p_e = 0.5 gave 0.5999999999999999, and a judge exactly
     // at the default floor of 0.6 was marked below it.
@@ -381,6 +407,22 @@ mod tests {
         // Each rater used one category, but not the same one: chance agreement is 0.
         let k = cohen_kappa(&pairs(&[("pass", "fail", 4)]));
         assert_eq!(k.value, Some(0.0));
+        assert_eq!(k.ci95, None);
+        // A judge that says `pass` to everything: kappa 0, no interval, and the note says so.
+        let k = cohen_kappa(&pairs(&[("pass", "pass", 6), ("fail", "pass", 4)]));
+        assert_eq!(k.value, Some(0.0));
+        assert_eq!((k.ci95, k.standard_error), (None, None));
+        let note = k.note.unwrap();
+        assert!(
+            note.starts_with("the judge gave every item `pass`"),
+            "{note}"
+        );
+        let k = cohen_kappa(&pairs(&[("fail", "pass", 6), ("fail", "fail", 4)]));
+        assert!(
+            k.note
+                .unwrap()
+                .starts_with("the labels gave every item `fail`")
+        );
     }
 
     #[test]

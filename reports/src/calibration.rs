@@ -643,7 +643,12 @@ fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<Strin
         Some(k) => {
             checked += 1;
             if k < floors.min_kappa - FLOOR_ROUNDING {
-                below.push(format!("kappa {k:.3} is below {}", floors.min_kappa));
+                let why = kappa
+                    .note
+                    .as_deref()
+                    .map(|n| format!(" ({n})"))
+                    .unwrap_or_default();
+                below.push(format!("kappa {k:.3} is below {}{why}", floors.min_kappa));
             }
         }
         None => unchecked.push(format!(
