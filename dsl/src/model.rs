@@ -1164,6 +1164,94 @@ impl Tool {
     }
 }
 
+impl Scenario {
+    /// The checks of this scenario written as `text` (a result's `criterion`) that a check
+    /// on turn `turn` of `trajectory` (`None`: a trajectory-level check) may be: the source
+    /// a failure points at. Usually one; more when the same check is written at several
+    /// places the trajectory's name and turn cannot tell apart, none when nothing matches
+    /// (a check the engine adds, such as a simulated user's fidelity).
+    pub fn checks_written_as<'a>(
+        &'a self,
+        trajectory: &str,
+        turn: Option<u32>,
+        text: &str,
+    ) -> Vec<&'a Criterion> {
+        let Some(turn) = turn else {
+            return self
+                .criteria
+                .iter()
+                .chain(&self.expect_tools)
+                .filter(|c| c.text == text)
+                .collect();
+        };
+        let mut branches = (trajectory != crate::graph::MAIN_TRAJECTORY)
+            .then(|| trajectory.split('/'))
+            .into_iter()
+            .flatten();
+        let mut on_path = Vec::new();
+        let mut turns = Some(u32::from(self.first_turn == FirstTurn::Agent));
+        checks_on_path(&self.steps, &mut branches, &mut turns, text, &mut on_path);
+        let at_turn: Vec<&Criterion> = on_path
+            .iter()
+            .filter(|(t, _)| *t == Some(turn))
+            .map(|&(_, c)| c)
+            .collect();
+        if !at_turn.is_empty() {
+            return at_turn;
+        }
+        if !on_path.is_empty() {
+            return on_path.into_iter().map(|(_, c)| c).collect();
+        }
+        // The name did not lead through the branches (an agent's fork, an attack's path):
+        // every place the check is written.
+        let mut anywhere = Vec::new();
+        walk_steps(&self.steps, &mut |step| {
+            if let StepKind::Expect(criteria) = &step.kind {
+                anywhere.extend(criteria.iter().filter(|c| c.text == text));
+            }
+        });
+        anywhere
+    }
+}
+
+/// The checks written as `text` along the branches `names` picks, each with the turn it
+/// checks while that is known (`turns`: turns taken so far; `None` once a step that takes
+/// a number of turns not written in the suite has run).
+fn checks_on_path<'a, 'n>(
+    steps: &'a [Step],
+    names: &mut impl Iterator<Item = &'n str>,
+    turns: &mut Option<u32>,
+    text: &str,
+    out: &mut Vec<(Option<u32>, &'a Criterion)>,
+) {
+    for step in steps {
+        match &step.kind {
+            StepKind::User(_) => *turns = turns.map(|t| t + 1),
+            StepKind::Simulate { .. }
+            | StepKind::Call { .. }
+            | StepKind::Hitl { .. }
+            | StepKind::Attack(_) => *turns = None,
+            StepKind::Capture { .. } => {}
+            StepKind::Expect(criteria) => {
+                let turn = turns.and_then(|t| t.checked_sub(1));
+                out.extend(
+                    criteria
+                        .iter()
+                        .filter(|c| c.text == text)
+                        .map(|c| (turn, c)),
+                );
+            }
+            StepKind::Fork(branches) => {
+                let Some(name) = names.next() else { return };
+                let Some(branch) = branches.iter().find(|b| b.name.value == name) else {
+                    return;
+                };
+                checks_on_path(&branch.steps, names, turns, text, out);
+            }
+        }
+    }
+}
+
 /// Calls `f` on every step, branches included, in source order.
 pub fn walk_steps<'a>(steps: &'a [Step], f: &mut impl FnMut(&'a Step)) {
     for step in steps {

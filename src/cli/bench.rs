@@ -232,6 +232,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         spans_wait: trellis_engine::otel::DEFAULT_SPANS_WAIT,
         spans_grace: trellis_engine::otel::DEFAULT_SPANS_WAIT,
         signals: None,
+        sites: None,
     };
     // As `trellis run` does: the journal records what each trajectory means.
     trellis_engine::fingerprint::stamp(&project, &mut plan);

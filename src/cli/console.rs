@@ -213,6 +213,8 @@ pub struct Console {
     unchecked_not_shown: u64,
     /// The engine's own LLM calls (judges, simulated users, Fixie's LLM), summed over trajectories.
     llm: trellis_engine::llm::LlmUsage,
+    /// Where each check is written, printed beside the failures listed.
+    sites: Option<std::sync::Arc<super::sites::Sites>>,
 }
 
 impl Console {
@@ -250,6 +252,29 @@ impl Console {
             unchecked_total: 0,
             unchecked_not_shown: 0,
             llm: trellis_engine::llm::LlmUsage::default(),
+            sites: None,
+        }
+    }
+
+    pub fn set_sites(&mut self, sites: Option<std::sync::Arc<super::sites::Sites>>) {
+        self.sites = sites;
+    }
+
+    /// `  (suites/a.kdl:12:9)` after a failed check, when its place in the suite is known.
+    fn site_of(&self, t: &TrajectoryRecord, c: &trellis_engine::record::CriterionRecord) -> String {
+        let Some(sites) = &self.sites else {
+            return String::new();
+        };
+        let written = self
+            .instance_of
+            .get(&*t.suite)
+            .and_then(|instances| instances.get(&*t.scenario))
+            .map_or(&*t.scenario, String::as_str);
+        let found = sites.of_check(&t.suite, written, &t.trajectory, c.turn_index, &c.criterion);
+        if found.is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", found.join(", "))
         }
     }
 
@@ -940,8 +965,9 @@ impl Console {
                     "✗ "
                 };
                 outln!(
-                    "    {mark}{at}{}\n      {}",
+                    "    {mark}{at}{}{}\n      {}",
                     c.criterion,
+                    self.site_of(t, c),
                     untrusted(c.detail.as_deref().unwrap_or(""))
                 );
             }

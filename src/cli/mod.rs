@@ -24,6 +24,7 @@ mod rejudge;
 mod resume;
 mod run;
 mod shard;
+mod sites;
 mod stop;
 mod variance;
 mod watch;

@@ -390,6 +390,9 @@ pub fn run(args: RunArgs) -> u8 {
         spans_wait: args.spans_wait,
         spans_grace: args.spans_grace,
         signals: None,
+        sites: Some(std::sync::Arc::new(super::sites::Sites::of(
+            &plan, &project,
+        ))),
     };
     let fresh = resumed.is_none();
     // Where the scenarios are written, for a GitHub workflow's annotations (nothing outside
@@ -835,6 +838,8 @@ pub struct Settings {
     /// run stops on the relay's signals and leaves the handlers installed. `None`: the run
     /// watches for itself and restores the default dispositions at its end.
     pub signals: Option<super::stop::SignalRelay>,
+    /// Where the suites write each check, for the failures the console lists.
+    pub sites: Option<std::sync::Arc<super::sites::Sites>>,
 }
 
 pub struct Outcome {
@@ -947,6 +952,8 @@ pub fn execute_plan(
             None,
         ),
     };
+    let mut console = console;
+    console.set_sites(settings.sites.clone());
     let reporter = Reporter {
         record,
         console,

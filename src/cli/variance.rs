@@ -733,6 +733,7 @@ fn condition_run(
         spans_wait: std::time::Duration::from_secs(5),
         spans_grace: std::time::Duration::from_secs(5),
         signals: Some(relay.clone()),
+        sites: None,
     };
     match super::run::execute_plan(plan, &run_id, out, &settings, None, None) {
         Ok(outcome) => Ok((outcome.summary, outcome.exit_code)),

@@ -631,6 +631,99 @@ async fn stop_on_failure_sends_no_step_after_a_failed_check() {
     assert_eq!(of("goes-on")["turns"], 2, "{}", of("goes-on"));
 }
 
+/// Each failed check the console lists says where it is written (`file:line:column`), told
+/// apart by its trajectory's branches and turn when the same check is written twice, and
+/// found for every instance of a `for-each` scenario.
+#[tokio::test]
+async fn a_failed_check_names_the_line_it_is_written_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        r#"agent "c" protocol="connexity" builtin="booking"
+
+scenario "forks" {
+    user "Hi!"
+    expect reply contains="zebra"
+    branch "a" {
+        user "again"
+        expect reply contains="zebra"
+    }
+    branch "b" {
+        user "other"
+        user "more"
+        expect {
+            no-error
+            reply contains="zebra"
+        }
+    }
+    criteria {
+        reply contains="never"
+    }
+}
+
+dataset "rows" path="rows.csv"
+scenario "each" for-each="rows" {
+    user "{{ row.text }}"
+    expect reply contains="giraffe"
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("rows.csv"),
+        "text
+hello
+bye
+",
+    )
+    .unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "--out", "out"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    let failure = |header: &str| -> Vec<&str> {
+        let at = out
+            .find(header)
+            .unwrap_or_else(|| panic!("no `{header}` in {out}"));
+        out[at..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .filter(|l| l.starts_with("    ✗"))
+            .collect()
+    };
+    assert_eq!(
+        failure("FAIL s/forks a [c #0]"),
+        [
+            "    ✗ turn 0: reply contains=\"zebra\"  (s.kdl:5:12)",
+            "    ✗ turn 1: reply contains=\"zebra\"  (s.kdl:8:16)",
+            "    ✗ reply contains=\"never\"  (s.kdl:19:9)",
+        ],
+        "{out}"
+    );
+    assert_eq!(
+        failure("FAIL s/forks b [c #0]"),
+        [
+            "    ✗ turn 0: reply contains=\"zebra\"  (s.kdl:5:12)",
+            "    ✗ turn 2: reply contains=\"zebra\"  (s.kdl:15:13)",
+            "    ✗ reply contains=\"never\"  (s.kdl:19:9)",
+        ],
+        "{out}"
+    );
+    let instances: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("reply contains=\"giraffe\""))
+        .collect();
+    assert_eq!(
+        instances, ["    ✗ turn 0: reply contains=\"giraffe\"  (s.kdl:26:12)"; 2],
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() {
     let dir = tempfile::tempdir().unwrap();

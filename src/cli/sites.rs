@@ -1,0 +1,82 @@
+//! Where a failed check is written: the file, line and column the console prints beside each
+//! failure it lists, for a terminal or an editor to jump to.
+//!
+//! Made from the plan and the suite files before the run lets the project go. It keeps the
+//! files' text (what the suites weigh, not their datasets) and one scenario model per
+//! scenario as written (the first instance of a `for-each` or `matrix`), and is read only
+//! when a failure is printed: a run that passes pays a handle per scenario and nothing more.
+
+use std::sync::Arc;
+
+use trellis_dsl::{Scenario, SourceFile, Span};
+use trellis_engine::plan::Plan;
+
+pub struct Sites {
+    files: Vec<SourceFile>,
+    /// (suite, scenario id as written, its model), in plan order.
+    scenarios: Vec<(Arc<str>, Arc<Scenario>)>,
+}
+
+impl Sites {
+    pub fn of(plan: &Plan, project: &trellis_dsl::Project) -> Sites {
+        let mut scenarios: Vec<(Arc<str>, Arc<Scenario>)> = Vec::new();
+        for s in &plan.scenarios {
+            // The instances of one scenario are planned one after the other and written
+            // at the same place: the first stands for the rest.
+            let same_as_last = scenarios.last().is_some_and(|(suite, last)| {
+                *suite == s.suite && written_id(last) == written_id(&s.scenario)
+            });
+            if !same_as_last {
+                scenarios.push((Arc::clone(&s.suite), Arc::clone(&s.scenario)));
+            }
+        }
+        Sites {
+            files: project.files.clone(),
+            scenarios,
+        }
+    }
+
+    /// `file:line:column` of each place a result's check (its `criterion` text, on `turn`
+    /// of `trajectory`, `None` for the trajectory's own criteria) may be written; `scenario`
+    /// is the scenario as written (an instance's base). Empty when it cannot be told.
+    pub fn of_check(
+        &self,
+        suite: &str,
+        scenario: &str,
+        trajectory: &str,
+        turn: Option<u32>,
+        criterion: &str,
+    ) -> Vec<String> {
+        let Some((_, model)) = self
+            .scenarios
+            .iter()
+            .find(|(s, m)| &**s == suite && written_id(m) == scenario)
+        else {
+            return Vec::new();
+        };
+        let mut sites: Vec<String> = Vec::new();
+        for c in model.checks_written_as(trajectory, turn, criterion) {
+            if let Some(site) = self.site(c.span)
+                && !sites.contains(&site)
+            {
+                sites.push(site);
+            }
+        }
+        sites
+    }
+
+    fn site(&self, span: Span) -> Option<String> {
+        let file = self.files.get(span.file)?;
+        let offset = span.span.offset();
+        let (line, range) = file.line_at(offset);
+        let column = file.chars_between(range.start, offset.clamp(range.start, range.end)) + 1;
+        Some(format!("{}:{}:{column}", file.name, line + 1))
+    }
+}
+
+fn written_id(scenario: &Scenario) -> &str {
+    scenario
+        .instance
+        .as_ref()
+        .map_or(scenario.id.value.as_str(), |i| i.base.as_str())
+}
