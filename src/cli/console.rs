@@ -265,17 +265,7 @@ impl Console {
         let Some(sites) = &self.sites else {
             return String::new();
         };
-        let written = self
-            .instance_of
-            .get(&*t.suite)
-            .and_then(|instances| instances.get(&*t.scenario))
-            .map_or(&*t.scenario, String::as_str);
-        let found = sites.of_check(&t.suite, written, &t.trajectory, c.turn_index, &c.criterion);
-        if found.is_empty() {
-            String::new()
-        } else {
-            format!("  ({})", found.join(", "))
-        }
+        sites.after_check(t, c)
     }
 
     fn suite_rank(&self, suite: &str) -> usize {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use trellis_dsl::{Scenario, SourceFile, Span};
 use trellis_engine::plan::Plan;
+use trellis_engine::record::{CriterionRecord, TrajectoryRecord};
 
 pub struct Sites {
     files: Vec<SourceFile>,
@@ -38,7 +39,8 @@ impl Sites {
 
     /// `file:line:column` of each place a result's check (its `criterion` text, on `turn`
     /// of `trajectory`, `None` for the trajectory's own criteria) may be written; `scenario`
-    /// is the scenario as written (an instance's base). Empty when it cannot be told.
+    /// is the result's (an instance's id, `refund[x=1]`, finds the scenario as written).
+    /// Empty when it cannot be told.
     pub fn of_check(
         &self,
         suite: &str,
@@ -47,11 +49,18 @@ impl Sites {
         turn: Option<u32>,
         criterion: &str,
     ) -> Vec<String> {
-        let Some((_, model)) = self
-            .scenarios
-            .iter()
-            .find(|(s, m)| &**s == suite && written_id(m) == scenario)
-        else {
+        let find = |id: &str| {
+            self.scenarios
+                .iter()
+                .find(|(s, m)| &**s == suite && written_id(m) == id)
+        };
+        let instance_of = || {
+            scenario
+                .strip_suffix(']')
+                .and_then(|s| s.split_once('['))
+                .and_then(|(base, _)| find(base))
+        };
+        let Some((_, model)) = find(scenario).or_else(instance_of) else {
             return Vec::new();
         };
         let mut sites: Vec<String> = Vec::new();
@@ -63,6 +72,23 @@ impl Sites {
             }
         }
         sites
+    }
+
+    /// `  (suites/a.kdl:12:9)`, to follow a failed check `c` of `t`; empty when its place
+    /// is not known.
+    pub fn after_check(&self, t: &TrajectoryRecord, c: &CriterionRecord) -> String {
+        let found = self.of_check(
+            &t.suite,
+            &t.scenario,
+            &t.trajectory,
+            c.turn_index,
+            &c.criterion,
+        );
+        if found.is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", found.join(", "))
+        }
     }
 
     fn site(&self, span: Span) -> Option<String> {

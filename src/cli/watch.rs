@@ -642,6 +642,7 @@ impl Session {
             changed_at: changed.at,
             whys: whys.clone(),
             removed,
+            sites: super::sites::Sites::of(&plan, &project),
         };
         let outcome = self
             .execute(plan, memo_salts, header, trajectory_whys, first, signals)
@@ -1097,6 +1098,8 @@ struct RunHeader {
     whys: BTreeMap<String, Why>,
     /// Scenarios the last run had and this one does not.
     removed: Vec<String>,
+    /// Where this rerun's suites write each check, said after each failed one.
+    sites: super::sites::Sites,
 }
 
 impl RunHeader {
@@ -1203,7 +1206,7 @@ struct Standing {
 }
 
 impl Standing {
-    fn of(t: &TrajectoryRecord) -> Self {
+    fn of(t: &TrajectoryRecord, sites: &super::sites::Sites) -> Self {
         let why = t
             .fault
             .as_ref()
@@ -1217,7 +1220,7 @@ impl Standing {
                     .find(|c| c.status == CriterionStatus::Failed)
                     .map(|c| {
                         let detail = super::console::untrusted(c.detail.as_deref().unwrap_or(""));
-                        format!("{}: {detail}", c.criterion)
+                        format!("{}{}: {detail}", c.criterion, sites.after_check(t, c))
                     })
             });
         Standing {
@@ -1296,7 +1299,8 @@ impl View {
             t.repetition,
         );
         let before = self.previous.get(&key).map(|s| s.status);
-        self.results.insert(key.clone(), Standing::of(t));
+        self.results
+            .insert(key.clone(), Standing::of(t, &self.header.sites));
         if why == Why::Unchanged && before == Some(t.status) {
             return false;
         }
@@ -1339,8 +1343,9 @@ impl View {
                 "failed"
             };
             outln!(
-                "      {what} {turn}{}: {}",
+                "      {what} {turn}{}{}: {}",
                 c.criterion,
+                self.header.sites.after_check(t, c),
                 super::console::untrusted(c.detail.as_deref().unwrap_or(""))
             );
         }

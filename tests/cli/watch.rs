@@ -1814,9 +1814,23 @@ async fn a_terminal_lists_twenty_standing_failures_and_counts_the_rest() {
         .collect();
     let expected: Vec<String> = (1..21).map(|i| format!("suite/s{i:02} ")).collect();
     assert_eq!(standing.len(), 20, "{}", watch.all());
-    for (line, scenario) in standing.iter().zip(&expected) {
+    for ((line, scenario), i) in standing.iter().zip(&expected).zip(1..) {
         assert!(line.contains(scenario.as_str()), "{line} for {scenario}");
+        // Each names the line its failed check is written on.
+        let site = format!(
+            "reply contains=\"never said\"  (suite.kdl:{}:12):",
+            4 + 4 * i
+        );
+        assert!(line.contains(&site), "{line}: no {site}");
     }
+    // A scenario that reran says it too.
+    assert!(
+        watch
+            .all()
+            .contains("failed turn 0: reply contains=\"never said\"  (suite.kdl:4:12): "),
+        "{}",
+        watch.all()
+    );
     let more = listed.last().unwrap();
     assert!(more.contains("… and 4 more"), "{more}");
     assert!(more.contains("latest/report.html"), "{more}");
