@@ -6,8 +6,9 @@
 //! stream (docs/architecture.md), so the executor passes each event through
 //! [`Secrets::redact_event`] before sending it: one place, whatever field the text landed
 //! in. Checks run on the agent's real answers before that; only what is written is
-//! redacted. Provider API keys are redacted where they are used
-//! (`crate::llm::ProviderClient::redact`).
+//! redacted. Provider API keys are among them (a model echoes one in an answer as an agent
+//! does), and are also redacted where they are used, in error bodies and response-cache
+//! entries (`crate::llm::ProviderClient::redact`).
 
 use std::sync::Arc;
 
@@ -45,14 +46,24 @@ pub use crate::transport::quote::{MIN_SECRET_LEN, secret_spellings as spellings}
 pub struct Secrets(Arc<[String]>);
 
 impl Secrets {
-    /// The values of the environment variables the plan's agent headers read.
+    /// The values of the environment variables the plan's agent headers read, and the
+    /// providers' API keys: a model echoes a key in a successful answer as readily as a
+    /// server in an error body (a judge's justification, the reply of a model under test,
+    /// a simulated user's message), and those answers are records like any other.
     pub fn of_plan(plan: &Plan) -> Self {
         let env = plan.templates.env();
-        let values = plan
+        let headers = plan
             .agents
             .iter()
             .flat_map(|agent| agent.headers.iter().chain(&agent.turn_headers))
-            .flat_map(|(_, template)| plan.templates.env_names(template))
+            .flat_map(|(_, template)| plan.templates.env_names(template));
+        let keys = plan
+            .llm
+            .providers
+            .iter()
+            .filter_map(|p| p.api_key_env.as_ref().map(|var| var.value.clone()));
+        let values = headers
+            .chain(keys)
             .filter_map(|name| env.get(&name).cloned());
         Self::new(values)
     }

@@ -88,6 +88,89 @@ async fn run(suite: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
         .unwrap()
 }
 
+/// A provider's key a model echoes in a successful answer is redacted in every record, as
+/// in an error body: the reply of a model under test reached through the provider, a judge's
+/// justification, in the key's own spelling and JSON-escaped (`\/` for `/`), in the
+/// journal, the tables, the report, JUnit and the response cache.
+#[tokio::test]
+async fn a_provider_key_echoed_in_an_answer_is_redacted_in_every_record() {
+    const SLASHED: &str = "sk-ab/cd+ef==XYZ9-echoed";
+    let escaped = SLASHED.replace('/', "\\/");
+    let fake = FakeLlm::start(vec![
+        Rule {
+            system: Some("AGENT-UNDER-TEST".into()),
+            ..Rule::otherwise([Reply::text(format!("your key is {SLASHED}"))])
+        },
+        Rule::otherwise([Reply::text(format!(
+            r#"{{"score": 0.9, "justification": "raw {SLASHED} escaped {escaped}"}}"#
+        ))]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("echo.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+agent "model" protocol="openai" provider="fake" system-prompt="AGENT-UNDER-TEST"
+judge "main" provider="fake"
+scenario "echo" {{
+    user "What is my key?"
+    expect judge "the agent is polite"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let cache = dir.path().join("cache");
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .arg("--llm-cache")
+        .arg(&cache)
+        .env("FAKE_KEY", SLASHED)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 2);
+    let mut files = vec![(out.join("journal"), journal_text(&out))];
+    for name in [
+        "turns.parquet",
+        "criteria.parquet",
+        "report.html",
+        "junit.xml",
+    ] {
+        let bytes = std::fs::read(out.join(name)).unwrap();
+        files.push((out.join(name), String::from_utf8_lossy(&bytes).into_owned()));
+    }
+    for shard in std::fs::read_dir(&cache).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let path = entry.unwrap().path();
+            files.push((path.clone(), std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+    for (path, text) in &files {
+        // Any spelling: the key's tail is in none of them.
+        assert!(!text.contains("ef==XYZ9"), "{}: {text}", path.display());
+    }
+    let journal = &files[0].1;
+    assert!(journal.contains("your key is [redacted]"), "{journal}");
+    assert!(
+        journal.contains("raw [redacted] escaped [redacted]"),
+        "{journal}"
+    );
+    let df = read_parquet(&out.join("turns.parquet"));
+    assert_eq!(
+        strings(&df, "reply"),
+        [Some("your key is [redacted]".to_owned())]
+    );
+}
+
 /// A judge that echoes the provider's key leaves it in no cache entry: the cache is shared
 /// and committed. The entry is written redacted, and a replay-only rerun still reads it.
 #[tokio::test]

@@ -262,12 +262,18 @@ impl LlmCache {
             // answer) must not leave it in a directory teams share and commit: the entry is
             // written with the key redacted, as every record of the run is, and so are the
             // run's other secrets.
-            let written = serde_json::to_string(&entry).map(|text| {
-                let text = client.redact(&text);
-                match self.redactor.as_ref().and_then(|redact| redact(&text)) {
-                    Some(redacted) => redacted,
-                    None => text,
-                }
+            // Each string of the entry, not its JSON text: a model's answer that quotes the
+            // key JSON-escaped (`\/` for `/`) is escaped once more in the entry's text, where
+            // no spelling of the key matches it.
+            let written = serde_json::to_value(&entry).and_then(|mut value| {
+                redact_strings(&mut value, &|text: &str| {
+                    let keyless = client.redact(text);
+                    match self.redactor.as_ref().and_then(|redact| redact(&keyless)) {
+                        Some(redacted) => redacted,
+                        None => keyless,
+                    }
+                });
+                serde_json::to_string(&value)
             });
             if let Err(e) = write_entry(path, written).await {
                 // The answer is good; a cache that cannot be written costs a rerun, no more.
@@ -275,6 +281,36 @@ impl LlmCache {
             }
         }
         outcome
+    }
+}
+
+/// Replaces every string of `value` (object keys too) by what `redact` makes of it.
+fn redact_strings(value: &mut serde_json::Value, redact: &dyn Fn(&str) -> String) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            let redacted = redact(s);
+            if redacted != *s {
+                *s = redacted;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_strings(v, redact)),
+        Value::Object(map) => {
+            let renamed: Vec<(String, String)> = map
+                .keys()
+                .filter_map(|k| {
+                    let r = redact(k);
+                    (r != *k).then(|| (k.clone(), r))
+                })
+                .collect();
+            for (old, new) in renamed {
+                if let Some(v) = map.remove(&old) {
+                    map.insert(new, v);
+                }
+            }
+            map.values_mut().for_each(|v| redact_strings(v, redact));
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
 }
 
