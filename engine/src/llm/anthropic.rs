@@ -215,10 +215,14 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
         .map(str::to_owned);
     if text.is_none() && tool_calls.is_empty() && !codec::cut_at_token_limit(stop_reason.as_deref())
     {
-        return Err(DecodeError::Malformed(format!(
-            "the model answered with neither text nor tool calls (stop reason {})",
-            stop_reason.as_deref().unwrap_or("missing")
-        )));
+        if !codec::refused(stop_reason.as_deref()) {
+            return Err(DecodeError::Malformed(format!(
+                "the model answered with neither text nor tool calls (stop reason {})",
+                stop_reason.as_deref().unwrap_or("missing")
+            )));
+        }
+        // Refused without a word: an answer, and its reply is empty.
+        text = Some(String::new());
     }
     let usage = usage_of(value);
     Ok(Answer {

@@ -309,6 +309,22 @@ impl ChatClient {
                         }),
                     );
                 }
+                // An empty answer says nothing, streamed or not, unless the model refused
+                // (`codec::refused`): refusing is an answer, its reply empty.
+                let text = answer.message.content.as_deref().unwrap_or_default();
+                if text.is_empty()
+                    && answer.message.tool_calls.is_empty()
+                    && !codec::refused(answer.finish_reason.as_deref())
+                {
+                    let fault = Fault::new(
+                        FaultCategory::Protocol,
+                        "the model answered with neither text nor tool calls (empty content)",
+                    );
+                    if let Some(last) = exchange.attempts.last_mut() {
+                        last.fault = Some(fault.clone());
+                    }
+                    return (exchange, Err(NoAnswer::from(fault)));
+                }
                 (exchange, Ok(answer.message))
             }
             Err(fault) => {

@@ -266,9 +266,20 @@ pub(super) fn streamed_answer(
         && tool_calls.is_empty()
         && !cut_at_token_limit(finish_reason.as_deref())
     {
+        if refused(finish_reason.as_deref()) {
+            return Ok(Answer {
+                message: assistant(Some(String::new()), tool_calls),
+                usage,
+                model,
+                finish_reason,
+            });
+        }
         return Err(Fault::new(
             FaultCategory::Protocol,
-            "the model streamed neither text nor tool calls",
+            format!(
+                "the model streamed neither text nor tool calls (finish reason {})",
+                finish_reason.as_deref().unwrap_or("missing")
+            ),
         ));
     }
     Ok(Answer {
@@ -277,6 +288,13 @@ pub(super) fn streamed_answer(
         model,
         finish_reason,
     })
+}
+
+/// Whether a finish reason says the model refused or a content filter stopped it (OpenAI's
+/// and Azure's `content_filter`, Anthropic's `refusal`): an answer, whatever text it has,
+/// since refusing is what a jailbreak scenario checks for. With no text its reply is empty.
+pub(crate) fn refused(reason: Option<&str>) -> bool {
+    matches!(reason, Some("content_filter" | "refusal"))
 }
 
 /// Whether a finish reason says the model stopped at its output token limit (OpenAI's
@@ -316,6 +334,46 @@ pub fn arguments_value(arguments: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model that refuses is answering (refusing is what a jailbreak scenario checks for),
+    /// in each shape the APIs give it: Azure's content filter with no content, OpenAI's
+    /// `refusal` beside a null content, Anthropic's `refusal` stop with no block, and a
+    /// stream of no text that ends on `content_filter`. Any other answer of nothing is not
+    /// one.
+    #[test]
+    fn a_refusal_is_an_answer_in_every_shape() {
+        let text = |api, body: &[u8]| {
+            decode(api, body)
+                .map(|a| a.message.content)
+                .map_err(|e| e.to_string())
+        };
+        let filtered = br#"{"choices":[{"message":{"role":"assistant","content":null},"finish_reason":"content_filter"}]}"#;
+        assert_eq!(
+            text(ProviderKind::OpenAi, filtered),
+            Ok(Some(String::new()))
+        );
+        let refusal = br#"{"choices":[{"message":{"content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}]}"#;
+        assert_eq!(
+            text(ProviderKind::OpenAi, refusal),
+            Ok(Some("I can't help with that.".to_owned()))
+        );
+        let anthropic = br#"{"content":[],"stop_reason":"refusal"}"#;
+        assert_eq!(
+            text(ProviderKind::Anthropic, anthropic),
+            Ok(Some(String::new()))
+        );
+        let nothing = br#"{"choices":[{"message":{"content":null},"finish_reason":"stop"}]}"#;
+        assert!(text(ProviderKind::OpenAi, nothing).is_err());
+        let nothing = br#"{"content":[],"stop_reason":"end_turn"}"#;
+        assert!(text(ProviderKind::Anthropic, nothing).is_err());
+        let streamed = streamed_answer(None, Vec::new(), None, None, Some("content_filter".into()));
+        assert_eq!(
+            streamed.map(|a| a.message.content).ok(),
+            Some(Some(String::new()))
+        );
+        let streamed = streamed_answer(None, Vec::new(), None, None, Some("stop".into()));
+        assert!(streamed.is_err());
+    }
 
     #[test]
     fn an_answer_that_is_not_one_still_reports_what_it_spent() {

@@ -168,7 +168,12 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
             ))
         })?;
     let content = match message.get("content") {
-        None | Some(Value::Null) => None,
+        // A refusal OpenAI reports beside the content (`"content": null, "refusal": "…"`)
+        // is what the model said.
+        None | Some(Value::Null) => message
+            .get("refusal")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         Some(Value::String(text)) => Some(text.clone()),
         // Content parts: their text, joined.
         Some(Value::Array(parts)) => Some(
@@ -198,10 +203,19 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
         && tool_calls.is_empty()
         && !codec::cut_at_token_limit(finish_reason.as_deref())
     {
-        return Err(DecodeError::Malformed(format!(
-            "the model answered with neither text nor tool calls (finish reason {})",
-            finish_reason.as_deref().unwrap_or("missing")
-        )));
+        if !codec::refused(finish_reason.as_deref()) {
+            return Err(DecodeError::Malformed(format!(
+                "the model answered with neither text nor tool calls (finish reason {})",
+                finish_reason.as_deref().unwrap_or("missing")
+            )));
+        }
+        // Refused without a word: an answer, and its reply is empty.
+        return Ok(Answer {
+            message: codec::assistant(Some(String::new()), tool_calls),
+            usage: decode_usage(value.get("usage")),
+            model: codec::model_of(value),
+            finish_reason,
+        });
     }
     Ok(Answer {
         message: codec::assistant(content, tool_calls),
@@ -306,7 +320,11 @@ pub async fn read_chunks(
         let Some(delta) = choice.get("delta") else {
             continue;
         };
-        if let Some(piece) = delta.get("content").and_then(Value::as_str)
+        // A refusal streams in `refusal` deltas in place of `content` ones.
+        if let Some(piece) = delta
+            .get("content")
+            .and_then(Value::as_str)
+            .or_else(|| delta.get("refusal").and_then(Value::as_str))
             && !piece.is_empty()
         {
             first_content.get_or_insert_with(|| stream.started().elapsed());
