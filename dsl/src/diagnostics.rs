@@ -93,6 +93,10 @@ pub enum Kind {
     /// such as one just created in an editor. Loading goes on without it; a project left
     /// with no scenario at all is an error of its own.
     EmptyFile,
+    /// A warning of `trellis check`: a mock's `returns` (or a sequence's `output`) written
+    /// as a string that reads like JSON (`{…}`, `[…]`) but is not JSON, so it is answered as
+    /// that text (a trailing comma made the answer a string).
+    NotJson,
 }
 
 impl Kind {
@@ -134,6 +138,7 @@ impl Kind {
             Kind::MaxTurns => "trellis::max_turns",
             Kind::LoneBranch => "trellis::lone_branch",
             Kind::EmptyFile => "trellis::empty_file",
+            Kind::NotJson => "trellis::not_json",
         }
     }
 }
@@ -177,7 +182,8 @@ impl Diagnostic {
                 | Kind::DuplicateCheck
                 | Kind::MaxTurns
                 | Kind::LoneBranch
-                | Kind::EmptyFile => Severity::Warning,
+                | Kind::EmptyFile
+                | Kind::NotJson => Severity::Warning,
                 _ => Severity::Error,
             },
         }

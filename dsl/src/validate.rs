@@ -1063,6 +1063,7 @@ impl<'p> Validator<'p> {
         self.scenario_tools_need_a_sandbox(sc);
         self.call_names(&sc.steps);
         self.first_turn_needs_a_speaking_agent(sc);
+        self.attack_needs_a_copyable_conversation(sc);
         let failed: BTreeSet<String> = self
             .info
             .failed_captures
@@ -1185,6 +1186,51 @@ impl<'p> Validator<'p> {
                 _ => {}
             }
         }
+    }
+
+    /// An `attack` tries each proposal as a branch of the same conversation, copied: an
+    /// agent whose conversation is server state (AgentScope, A2A, `http` with `session`)
+    /// cannot be searched, and would fail each path at run time after its first LLM call.
+    fn attack_needs_a_copyable_conversation(&mut self, sc: &Scenario) {
+        let mut attack = None;
+        crate::model::walk_steps(&sc.steps, &mut |step| {
+            if attack.is_none() && matches!(step.kind, StepKind::Attack(_)) {
+                attack = Some(step.span);
+            }
+        });
+        let Some(at) = attack else {
+            return;
+        };
+        let Some(bound) =
+            self.project.scenario_agents(sc).into_iter().find(|a| {
+                !a.protocol.capabilities().forks || a.settings.setting("session").is_some()
+            })
+        else {
+            return;
+        };
+        let d = Diagnostic::at_span(
+            Kind::InvalidValue,
+            format!(
+                "scenario `{}` searches with `attack`, but the conversation of agent `{}` ({}) \
+                 cannot be copied",
+                sc.id.value,
+                bound.id.value,
+                bound.protocol.as_str()
+            ),
+            self.files(),
+            at,
+            "each proposal is a branch of this conversation",
+        )
+        .with_other(
+            self.files(),
+            bound.id.span,
+            "its conversation is server state",
+        )
+        .with_help(
+            "run the attack against an agent that is sent the whole conversation each turn \
+             (connexity, openai, anthropic, multiagent, `http` without `session`)",
+        );
+        self.diags.push(d);
     }
 
     /// `first-turn "agent"` needs a protocol on which the agent can speak unprompted:
@@ -1812,6 +1858,7 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
         // A scenario's instances share its tools' spans: one warning for all.
         if warned.insert((tool.span, "tool declaration")) {
             declaration_typos(tool, &project.files, &mut out);
+            answers_not_json(tool, &project.files, &mut out);
         }
     }
     for (_, sc) in project.scenarios() {
@@ -1819,7 +1866,7 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
         let names: Vec<&str> = declared.iter().map(|t| t.name.value.as_str()).collect();
         let mut criteria: Vec<&Criterion> = sc.criteria.iter().chain(&sc.expect_tools).collect();
         collect_expects(&sc.steps, &mut criteria);
-        for c in criteria {
+        for &c in &criteria {
             let (written, params): (
                 Vec<&str>,
                 Option<&serde_json::Map<String, serde_json::Value>>,
@@ -1838,6 +1885,31 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
             }
             for name in &written {
                 if names.contains(name) {
+                    continue;
+                }
+                // A `no-tool` on a tool the suite does not declare (the agent's own) may
+                // still be a near miss of one the same scenario checks was called.
+                if matches!(c.kind, CriterionKind::NoTool { .. })
+                    && typo_of(name, names.iter().copied()).is_none()
+                    && let Some(best) = typo_of(name, called_in(&criteria).filter(|n| n != name))
+                {
+                    out.push(
+                        Diagnostic::at_span(
+                            Kind::UnknownTool,
+                            format!(
+                                "`{}` names a tool `{name}` the suite neither declares nor \
+                                 checks was called",
+                                c.text
+                            ),
+                            &project.files,
+                            c.span,
+                            "no such tool",
+                        )
+                        .with_help(format!(
+                            "did you mean `{best}`, which this scenario checks with `tool`? A \
+                             `no-tool` on a tool no call can have passes whatever the agent does"
+                        )),
+                    );
                     continue;
                 }
                 if let Some(best) = typo_of(name, names.iter().copied()) {
@@ -1929,6 +2001,52 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
 /// sends the declared arguments (the agent gets the tool's fallback), and such a policy
 /// never applies, so the test is weaker than it reads. Tools that declare no parameters
 /// are the agent's to describe: nothing to compare with.
+/// A mock's `returns` or a sequence's `output` written as a string that starts like JSON
+/// but does not parse: it is answered as that text, a slip (a trailing comma) most likely.
+fn answers_not_json(tool: &Tool, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    let answers = tool
+        .mocks
+        .iter()
+        .map(|m| (&m.returns, m.span, "`returns`"))
+        .chain(tool.sequence.iter().flat_map(|s| {
+            s.outputs
+                .iter()
+                .map(move |o| (&o.value, s.span, "an `output`"))
+        }));
+    for (answer, span, what) in answers {
+        let serde_json::Value::String(text) = answer else {
+            continue;
+        };
+        // Opened and closed as a JSON object or array: `[ERROR] no such order` is text.
+        let trimmed = text.trim();
+        let json_like = (trimmed.starts_with('{') && trimmed.ends_with('}'))
+            || (trimmed.starts_with('[') && trimmed.ends_with(']'));
+        if !json_like {
+            continue;
+        }
+        let Err(e) = serde_json::from_str::<serde_json::Value>(trimmed) else {
+            continue;
+        };
+        out.push(
+            Diagnostic::at_span(
+                Kind::NotJson,
+                format!(
+                    "{what} of tool `{}` starts like JSON but is not JSON ({e}): it is answered \
+                     as text",
+                    tool.name.value
+                ),
+                files,
+                span,
+                "answered as a string",
+            )
+            .with_help(
+                "fix the JSON (a trailing comma, a missing quote), or, if the answer is meant \
+                 as text, leave this as it is",
+            ),
+        );
+    }
+}
+
 fn declaration_typos(tool: &Tool, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
     if tool.params.is_empty() {
         return;
@@ -2060,6 +2178,18 @@ fn typo_of<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Opt
 }
 
 /// The criteria of every `expect` step, forks included.
+/// The tools `criteria` check were called (`tool`, `tools-in-order`).
+fn called_in<'c>(criteria: &[&'c Criterion]) -> impl Iterator<Item = &'c str> + Clone {
+    criteria.iter().flat_map(|c| {
+        let names: Vec<&'c str> = match &c.kind {
+            CriterionKind::Tool { name, .. } => vec![name.as_str()],
+            CriterionKind::ToolsInOrder(list) => list.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        names
+    })
+}
+
 fn collect_expects<'s>(steps: &'s [Step], out: &mut Vec<&'s Criterion>) {
     for step in steps {
         match &step.kind {

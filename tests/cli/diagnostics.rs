@@ -1573,3 +1573,49 @@ scenario "paired" {
     assert!(said.contains("`branch \"x\"` has no sibling"), "{said}");
     assert!(said.contains("s.kdl:4:"), "{said}");
 }
+
+/// A mock answer that starts like JSON but is not (a trailing comma) is answered as text:
+/// warned, naming the parser's error. A `no-tool` naming a near miss of a tool the same
+/// scenario checks was called passes whatever the agent does: warned, though no `tool`
+/// node declares either. Text that is not JSON-like, and distinct names, are not.
+#[tokio::test]
+async fn a_broken_json_answer_and_a_no_tool_typo_of_a_checked_tool_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+tool "get_order" {
+    mock returns=#"{"order_id": "A-1001", "status": "shipped",}"# order_id="A-1001"
+    mock returns="[ERROR] no such order"
+    mock returns=#"{"status": "unknown"}"#
+}
+scenario "booked" {
+    user "Hi, I'd like to book a duct cleaning."
+    expect tool "create_booking"
+    criteria {
+        no-tool "create_boking"
+        no-tool "cancel_booking"
+    }
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::not_json").count(), 1, "{said}");
+    assert!(
+        said.contains(
+            "`returns` of tool `get_order` starts like JSON but is not JSON (trailing comma"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:3:"), "{said}");
+    assert_eq!(said.matches("trellis::unknown_tool").count(), 1, "{said}");
+    assert!(
+        said.contains("did you mean `create_booking`, which this scenario checks with `tool`?"),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:11:"), "{said}");
+}

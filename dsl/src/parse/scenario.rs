@@ -111,9 +111,13 @@ impl<'f> Decoder<'f> {
                         .and_then(|e| self.string(e))
                 }
                 "criteria-override" => {
+                    // A rubric like `rubric=`: a near miss of a built-in one is an error.
                     sc.criteria_override = self
                         .single(&cv, spec, "criteria-override \"…\"")
-                        .and_then(|e| self.spanned_string(e))
+                        .and_then(|e| {
+                            self.rubric(e)?;
+                            self.spanned_string(e)
+                        })
                 }
                 "difficulty" => {
                     if let Some(d) = self
@@ -148,6 +152,25 @@ impl<'f> Decoder<'f> {
                 "persona" => sc.persona = self.persona_ref(&cv),
                 "initial-message" => {
                     has_initial = true;
+                    // It is the first user message: written after a step, the run would
+                    // still send it first and the `expect`s written before it would check
+                    // the wrong turns.
+                    if let Some(first) = step_nodes.first() {
+                        let first = View::of(first, self.text());
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                "`initial-message` must come before the scenario's steps",
+                                cv.span,
+                                "written after a step",
+                            )
+                            .with_help(format!(
+                                "it is the first user message, sent before any step: move it \
+                                 above the first step (`{}`), or write `user \"…\"` here",
+                                first.name
+                            ));
+                        self.report(d);
+                    }
                     if let Some(t) = self
                         .single(&cv, spec, "initial-message \"…\"")
                         .and_then(|e| self.template(e))
@@ -690,18 +713,7 @@ impl<'f> Decoder<'f> {
             let v = View::of(node, self.text());
             let key = v.name.to_string();
             if let Some(first) = seen.get(&key) {
-                let d = self
-                    .diag(
-                        Kind::DuplicateId,
-                        format!("duplicate key `{key}`"),
-                        v.name_span,
-                        "written again here",
-                    )
-                    .with_label(*first, "first written here")
-                    .with_help(
-                        "each key is written once; several values make an array: KEY \"a\" \"b\"",
-                    );
-                self.report(d);
+                self.duplicate_key(&key, v.name_span, *first);
                 continue;
             }
             seen.insert(key.clone(), v.name_span);
@@ -742,15 +754,48 @@ impl<'f> Decoder<'f> {
             return Value::Null;
         }
         let mut map = Map::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
         for p in v.props.clone() {
+            let key = prop_name(p).to_string();
+            if let Some(first) = seen.get(&key) {
+                self.duplicate_key(&key, p.span(), *first);
+                continue;
+            }
+            seen.insert(key.clone(), p.span());
             if let Some(val) = self.json(p) {
-                map.insert(prop_name(p).to_string(), val);
+                map.insert(key, val);
             }
         }
         if let Some(children) = v.children {
-            map.extend(self.json_object(children));
+            for (key, value) in self.json_object(children) {
+                if let Some(first) = seen.get(&key) {
+                    let at = children
+                        .nodes()
+                        .iter()
+                        .find(|n| n.name().value() == key)
+                        .map_or(v.span, |n| n.name().span());
+                    self.duplicate_key(&key, at, *first);
+                    continue;
+                }
+                map.insert(key, value);
+            }
         }
         Value::Object(map)
+    }
+
+    /// A key of a JSON object written twice (`KEY k=1 k=2`, or as a property and a child):
+    /// the last would silently win.
+    fn duplicate_key(&mut self, key: &str, again: SourceSpan, first: SourceSpan) {
+        let d = self
+            .diag(
+                Kind::DuplicateId,
+                format!("duplicate key `{key}`"),
+                again,
+                "written again here",
+            )
+            .with_label(first, "first written here")
+            .with_help("each key is written once; several values make an array: KEY \"a\" \"b\"");
+        self.report(d);
     }
 }
 
