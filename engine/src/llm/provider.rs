@@ -579,6 +579,14 @@ mod tests {
         assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(7)));
         headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&headers, now), None);
+        // Azure's milliseconds, alone or finer than `Retry-After`.
+        headers.insert("retry-after-ms", HeaderValue::from_static("300"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_millis(300)));
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_millis(300)));
+        headers.remove(RETRY_AFTER);
+        headers.insert("retry-after-ms", HeaderValue::from_static("later"));
+        assert_eq!(retry_after(&headers, now), None);
     }
 
     #[test]

@@ -1580,8 +1580,17 @@ impl RateLimitWaits {
 }
 
 /// The wait a `Retry-After` header asks for: delay-seconds or an HTTP date (relative to
-/// `now`); `None` when absent or unreadable.
+/// `now`); `None` when absent or unreadable. Azure OpenAI's `retry-after-ms` (milliseconds,
+/// sometimes without `Retry-After`, and finer when both are sent) comes first.
 pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_secs_f64((ms / 1000.0).min(86_400.0)));
+    }
     let value = headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()
