@@ -690,6 +690,42 @@ fn p_cell(p: Option<f64>) -> String {
 
 /// The comparison as console tables: run metrics, then every scenario, branch and check
 /// that changed, then the verdict.
+/// Rows of each list of a comparison printed at most: a run against a baseline of 10,000
+/// dataset instances, filtered to a few, listed every one removed (17,860 lines in a CI
+/// log). The rest are counted by verdict; `--json` and `compare.json` hold every one.
+const COMPARISON_LISTED: usize = 20;
+
+/// Where a comparison's lists are whole.
+const IN_FULL: &str = "listed in full by --json (and in the run's compare.json under --baseline)";
+
+/// `rows` with those whose verdict gates first (regressed, not run), in their order
+/// otherwise, cut to [`COMPARISON_LISTED`]; and the line that counts the rest by verdict.
+fn gating_first<T>(mut rows: Vec<T>, verdict: impl Fn(&T) -> Verdict) -> (Vec<T>, Option<String>) {
+    rows.sort_by_key(|r| !matches!(verdict(r), Verdict::Regressed | Verdict::NotRun));
+    if rows.len() <= COMPARISON_LISTED {
+        return (rows, None);
+    }
+    let rest = rows.split_off(COMPARISON_LISTED);
+    let mut by_verdict: Vec<(Verdict, usize)> = Vec::new();
+    for r in &rest {
+        let v = verdict(r);
+        match by_verdict.iter_mut().find(|(seen, _)| *seen == v) {
+            Some((_, n)) => *n += 1,
+            None => by_verdict.push((v, 1)),
+        }
+    }
+    let counts: Vec<String> = by_verdict
+        .iter()
+        .map(|(v, n)| format!("{n} {}", v.as_str()))
+        .collect();
+    let line = format!(
+        "… and {} more ({}): {IN_FULL}",
+        rest.len(),
+        counts.join(", ")
+    );
+    (rows, Some(line))
+}
+
 pub fn print_comparison(c: &Comparison) {
     let side = |r: &RunRef| match &r.name {
         Some(name) => format!("{name} ({})", r.run_id),
@@ -748,6 +784,7 @@ pub fn print_comparison(c: &Comparison) {
         .filter(|s| changed(s.rate.verdict))
         .collect();
     if !scenarios.is_empty() {
+        let (scenarios, more) = gating_first(scenarios, |s| s.rate.verdict);
         let mut table = console::table(&["scenario", "agent", "base", "head", "p", "verdict"]);
         for s in scenarios {
             table.add_row(vec![
@@ -763,6 +800,9 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("scenarios (repetitions where every branch passed)\n{table}");
+        if let Some(more) = more {
+            outln!("{more}");
+        }
     }
     let branches: Vec<_> = c
         .branches
@@ -770,6 +810,7 @@ pub fn print_comparison(c: &Comparison) {
         .filter(|b| changed(b.rate.verdict))
         .collect();
     if !branches.is_empty() {
+        let (branches, more) = gating_first(branches, |b| b.rate.verdict);
         let mut table = console::table(&[
             "scenario", "branch", "agent", "base", "head", "p", "verdict",
         ]);
@@ -785,6 +826,9 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("branches\n{table}");
+        if let Some(more) = more {
+            outln!("{more}");
+        }
     }
     // A check only in one run belongs to a branch or scenario only in one run (listed
     // above) or was added to or removed from the suite: counted, not listed.
@@ -819,6 +863,7 @@ pub fn print_comparison(c: &Comparison) {
         .filter(|k| one_sided(k.rate.verdict))
         .count();
     if !criteria.is_empty() {
+        let (criteria, more) = gating_first(criteria, |k| k.rate.verdict);
         let mut table = console::table(&["branch", "check", "base", "head", "verdict", "why"]);
         for k in criteria {
             let at = k
@@ -838,6 +883,9 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("checks\n{table}");
+        if let Some(more) = more {
+            outln!("{more}");
+        }
     }
     if not_run > 0 {
         outln!(
@@ -874,8 +922,16 @@ pub fn print_comparison(c: &Comparison) {
                 console::count(c.regressions.len() as u64, "regression", "regressions")
             ))
         );
-        for r in &c.regressions {
+        for r in c.regressions.iter().take(COMPARISON_LISTED) {
             outln!("  - {r}");
+        }
+        if let Some(more) = c
+            .regressions
+            .len()
+            .checked_sub(COMPARISON_LISTED)
+            .filter(|&n| n > 0)
+        {
+            outln!("  … and {more} more: {IN_FULL}");
         }
     } else {
         outln!(

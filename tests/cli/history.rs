@@ -864,6 +864,53 @@ async fn gate_removed_fails_on_what_the_head_run_no_longer_checks() {
     );
 }
 
+/// A comparison's lists are cut at twenty rows, those that gate first, and the rest counted
+/// by verdict: a head run filtered to a few of a baseline's many branches listed every one
+/// removed (17,860 lines in a CI log for a dataset of 10,000 rows).
+#[tokio::test]
+async fn a_comparison_lists_twenty_rows_gating_ones_first_and_counts_the_rest() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut base: Vec<Sample> = (0..40)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("b{i:02}").into_boxed_str());
+            sample(name, 0, true, 100.0)
+        })
+        .collect();
+    base.push(sample("zkept", 0, true, 100.0));
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &base);
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("zkept", 0, false, 100.0)],
+    );
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    let branches: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "branches")
+        .skip(4)
+        .take_while(|l| l.starts_with('│'))
+        .collect();
+    assert_eq!(branches.len(), 20, "{text}");
+    // The regression first, though `zkept` sorts last.
+    assert!(
+        branches[0].contains("zkept") && branches[0].contains("regressed"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "… and 21 more (21 removed): listed in full by --json (and in the run's \
+             compare.json under --baseline)"
+        ),
+        "{text}"
+    );
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c["branches"].as_array().unwrap().len(), 41, "{c}");
+}
+
 /// A run stopped before its work was done holds a head run to part of its plan: refused as
 /// `run --baseline` before anything runs (as `runs pin` refuses it), and a regression of
 /// `compare`, whose JSON says the base was stopped.
