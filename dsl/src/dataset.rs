@@ -421,6 +421,29 @@ impl RowReader for Csv {
                 }
                 Ok(false) => return Ok(()),
                 Ok(true) => {}
+                // A row short of fields whose last one spans lines: a quote opened there ran
+                // on over the rows after it, which is what to say (its count of fields
+                // says only what followed).
+                Err(e)
+                    if matches!(e.kind(), csv::ErrorKind::UnequalLengths { .. })
+                        && record.len() < headers.len()
+                        && record
+                            .iter()
+                            .next_back()
+                            .is_some_and(|field| field.contains(['\n', '\r'])) =>
+                {
+                    return Err(ReadError::Row {
+                        row: number + 1,
+                        column: headers.get(record.len().saturating_sub(1)).cloned(),
+                        message: format!(
+                            "a quote opened in this field runs on over the lines after it \
+                             (left open?): the row has {} field{} where the header has {}",
+                            record.len(),
+                            if record.len() == 1 { "" } else { "s" },
+                            headers.len()
+                        ),
+                    });
+                }
                 Err(e) => return Err(csv_error(e, &headers)),
             }
             number += 1;
@@ -857,6 +880,25 @@ mod tests {
             panic!("an open quote read as rows");
         };
         assert_eq!((row, column.as_deref()), (2, Some("b")));
+        // Opened in a middle column, the quote takes the rest of the file and leaves the
+        // row short: the quote is named, not only the count of fields.
+        let Err(ReadError::Row {
+            row,
+            column,
+            message,
+        }) = csv_rows("id,text,want\nr0,\"hello 0,hello 0\nr1,hello 1,hello 1\n")
+        else {
+            panic!("an open quote read as rows");
+        };
+        assert_eq!((row, column.as_deref()), (1, Some("text")));
+        assert!(
+            message.starts_with("a quote opened in this field runs on"),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("2 fields where the header has 3"),
+            "{message}"
+        );
     }
 
     #[test]
