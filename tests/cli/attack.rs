@@ -183,6 +183,20 @@ async fn attack_search_finds_the_two_step_approach_and_freezes_it_into_a_regress
     );
     // The shared prefix ("Hi") once, then one request per explored path's turn.
     assert_eq!(requests.load(Ordering::SeqCst), 1 + 3 + 6 + 6);
+    // Each path counts the LLM calls it went through, as a shared prefix's: at each of its
+    // depths the attacker's call that proposed it (one for its batch of siblings) and its
+    // own judge's. The attacker's call counted on the batch's first path only.
+    let calls: Vec<Option<u64>> = trajectories
+        .column("llm_calls")
+        .unwrap()
+        .u64()
+        .unwrap()
+        .iter()
+        .collect();
+    for (name, calls) in names.iter().zip(&calls) {
+        let depth = name.as_deref().unwrap_or_default().matches("~a").count() as u64;
+        assert_eq!(*calls, Some(2 * depth), "{name:?}: {names:?} {calls:?}");
+    }
 
     assert!(console.contains("1 reached the goal"), "{console}");
     assert!(

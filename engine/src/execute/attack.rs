@@ -130,7 +130,7 @@ impl<'a> Unit<'a> {
                         continue;
                     }
                 };
-                let mut call = call;
+                let mut first = true;
                 for message in proposals {
                     label += 1;
                     let Some(mut session) = parent.session.fork() else {
@@ -155,8 +155,12 @@ impl<'a> Unit<'a> {
                     let mut state = parent.state.clone();
                     state.suffix = Arc::from(format!("{}~a{depth}-{label}", parent.state.suffix));
                     // The proposal call wrote every message of this batch: recorded once,
-                    // on the first.
-                    state.pending_simulator.extend(call.take());
+                    // on the first, and counted in every path of the batch.
+                    if std::mem::take(&mut first) {
+                        state.pending_simulator.extend(call.clone());
+                    } else {
+                        state.shared_calls.extend(call.clone());
+                    }
                     let name = state.node_name(&node.id);
                     state.nodes.push(name.clone());
                     let mut recorded: Vec<Arc<TurnRecord>> = Vec::new();

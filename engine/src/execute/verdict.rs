@@ -317,7 +317,8 @@ impl Unit<'_> {
                 .turns
                 .iter()
                 .flat_map(|t| t.simulator.iter().chain(&t.llm))
-                .chain(&state.pending_simulator),
+                .chain(&state.pending_simulator)
+                .chain(&state.shared_calls),
             &criteria,
         )
         .map(Box::new);

@@ -80,6 +80,11 @@ pub(super) struct PathState {
     /// trajectory's LLM usage even when no turn follows (the simulator ended the
     /// conversation, or failed).
     pub(super) pending_simulator: Vec<crate::llm::LlmCall>,
+    /// LLM calls this path went through that a sibling path's turn records (an attack
+    /// search's proposal call, one for a batch of siblings): counted in this trajectory's
+    /// LLM usage, as a shared prefix's calls are, and recorded on no turn of its own, so
+    /// that the turns' columns count each call once.
+    pub(super) shared_calls: Vec<crate::llm::LlmCall>,
     /// `--replay-users`: where the next turn's simulated user message came from.
     pub(super) pending_user_source: Option<crate::record::UserSource>,
     /// The nodes on this path so far were recorded by an earlier attempt of the run and
@@ -105,6 +110,7 @@ impl PathState {
             suffix: Arc::from(""),
             agent_branches: Vec::new(),
             pending_simulator: Vec::new(),
+            shared_calls: Vec::new(),
             pending_user_source: None,
             prefix_not_sent: false,
             sim_brief: None,
