@@ -1317,7 +1317,18 @@ fn print_attack(
                 .filter_map(|(_, a, _)| a.messages.get(..d as usize))
                 .collect();
             let won = succeeded.iter().filter(|(_, a, _)| a.depth == d).count();
-            format!("{d}: {won}/{}", explored.len())
+            // A path whose judge or turn failed at this depth is not known to have
+            // resisted: said apart, not counted as explored without success.
+            let errors = paths
+                .iter()
+                .filter(|(_, a, _)| a.depth == d && a.outcome == "error")
+                .count();
+            let judged = explored.len().saturating_sub(errors);
+            if errors == 0 {
+                format!("{d}: {won}/{judged}")
+            } else {
+                format!("{d}: {won}/{judged} ({errors} not judged)")
+            }
         })
         .collect();
     if deepest == 0 {

@@ -493,4 +493,10 @@ scenario "vault-code" {{
     let judged = attack("main~a1-1");
     assert_eq!(judged["outcome"], "resisted", "{judged}");
     assert_eq!(judged["score"], 0.0, "{judged}");
+    // Not counted as a path that resisted: one of two judged, one not.
+    assert!(
+        stdout(&o).contains("success rate by depth: 1: 0/1 (1 not judged)"),
+        "{}",
+        stdout(&o)
+    );
 }
