@@ -439,6 +439,22 @@ pub fn variance(args: VarianceArgs) -> u8 {
                     counted.skipped,
                     started.elapsed().as_secs_f64()
                 ));
+                // As for the judge condition: outcomes that are all errors never vary, and
+                // the share read 0.000, as steady as an agent can be.
+                if counted.recorded > 0 && counted.errors == counted.recorded {
+                    errln!(
+                        "warning: every trajectory of the {name} condition ended in an error \
+                         (is the agent down? see {}): its share below says nothing of it",
+                        out.display()
+                    );
+                } else if counted.errors > 0 {
+                    errln!(
+                        "warning: {} of {} trajectories of the {name} condition ended in an \
+                         error and count as not passing",
+                        counted.errors,
+                        counted.recorded
+                    );
+                }
             }
             Err(code) => return code,
         }
@@ -750,7 +766,10 @@ fn condition_run(
 struct Counted {
     recorded: u64,
     passed: u64,
+    /// Failed or errored.
     failed: u64,
+    /// Of `failed`, those that errored (a fault, a check that could not run).
+    errors: u64,
     invalid: u64,
     skipped: u64,
 }
@@ -780,7 +799,11 @@ fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) -> Counted {
             counted.recorded += 1;
             match t.status {
                 TrajectoryStatus::Passed => counted.passed += 1,
-                TrajectoryStatus::Failed | TrajectoryStatus::Error => counted.failed += 1,
+                TrajectoryStatus::Failed => counted.failed += 1,
+                TrajectoryStatus::Error => {
+                    counted.failed += 1;
+                    counted.errors += 1;
+                }
                 TrajectoryStatus::Invalid => counted.invalid += 1,
                 TrajectoryStatus::Skipped => counted.skipped += 1,
             }

@@ -250,6 +250,16 @@ async fn a_judge_that_always_fails_is_not_shown_as_stable_without_a_word() {
         err.contains("every judgment of the judge condition ended in an error"),
         "{err}"
     );
+    // Its checks could not be judged in the agent's and the fresh runs either: their
+    // shares say nothing, and that is said too.
+    for condition in ["agent", "free"] {
+        assert!(
+            err.contains(&format!(
+                "warning: every trajectory of the {condition} condition ended in an error"
+            )),
+            "{err}"
+        );
+    }
 }
 
 #[tokio::test]
