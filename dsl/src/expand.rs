@@ -97,10 +97,9 @@ pub(crate) fn read_datasets(
                     .with_help(if ids.is_empty() {
                         "declare it with `dataset \"ID\" path=\"…\"`".to_owned()
                     } else {
-                        format!(
-                            "{}, or declare it with `dataset \"ID\" path=\"…\"`",
-                            suggest(&name.value, ids.iter().copied(), "the datasets")
-                        )
+                        let hint = suggest(&name.value, ids.iter().copied(), "the datasets");
+                        let stop = if hint.ends_with('?') { "" } else { "." };
+                        format!("{hint}{stop} Or declare it with `dataset \"ID\" path=\"…\"`")
                     }),
                 );
             }

@@ -510,10 +510,10 @@ impl<'f> Decoder<'f> {
                 if cv.args.len() < min {
                     self.missing(
                         &cv,
-                        if min == 2 {
-                            "a name and a value"
-                        } else {
-                            "a value"
+                        match (min, cv.args.len()) {
+                            (2, 1) => "a value after its name",
+                            (2, _) => "a name and a value",
+                            _ => "a value",
                         },
                         &usage,
                     );

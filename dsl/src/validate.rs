@@ -790,6 +790,9 @@ impl<'p> Validator<'p> {
         // A set's order is not the suite's: sorted, so the help reads the same every time.
         broken.sort_unstable();
         names.extend(broken);
+        // An id defined twice (an error of its own) is one name to choose from.
+        let mut seen = HashSet::new();
+        names.retain(|name| seen.insert(*name));
         names
     }
 
@@ -1323,8 +1326,8 @@ impl<'p> Validator<'p> {
         let d = Diagnostic::at_span(
             Kind::InvalidValue,
             format!(
-                "scenario `{}` declares tool `{}`, but none of its agents speaks `multiagent` \
-                 or `openai`, whose tools the sandbox answers",
+                "scenario `{}` declares tool `{}`, but none of its agents speaks \
+                 `multiagent`, `openai` or `anthropic`, whose tools the sandbox answers",
                 sc.id.value, tool.name.value
             ),
             self.files(),

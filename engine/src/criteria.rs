@@ -448,7 +448,14 @@ fn evaluate<T: AsRef<TurnRecord>>(
             if n as u64 <= u64::from(*max) {
                 pass(format!("{n} turn(s)"))
             } else {
-                fail(format!("{n} turns > {max}"))
+                fail(format!(
+                    "{} > {max}",
+                    if n == 1 {
+                        "1 turn".to_owned()
+                    } else {
+                        format!("{n} turns")
+                    }
+                ))
             }
         }
         CriterionKind::Tokens { max } => {

@@ -73,7 +73,8 @@ use serde_json::{Map, Value};
 
 /// Why `state` and `violations` are skipped on agents without a tool sandbox.
 pub const NO_SANDBOX: &str = "no tool sandbox: the engine answers tool calls (and keeps a state \
-                              document) only for MultiAgentEval agents";
+                              document) only for MultiAgentEval agents and models \
+                              under test (`openai`, `anthropic`)";
 
 /// How many calls a trajectory's sandbox runs and records before refusing further calls.
 pub const DEFAULT_MAX_CALLS: usize = 1_000;

@@ -488,7 +488,7 @@ async fn row_id_problems_name_the_row() {
     let err = flat(&stderr(&o));
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("expected one of the datasets: `d`, or declare it with"),
+        err.contains("expected one of the datasets: `d`. Or declare it with"),
         "{err}"
     );
 

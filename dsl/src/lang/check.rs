@@ -525,10 +525,10 @@ pub fn settings<'s, 'a: 's>(
             .filter(|a| matches!(a.repeat, Repeat::One | Repeat::Many))
             .count();
         if child.args.len() < min {
-            let what = if min == 2 {
-                "a name and a value"
-            } else {
-                "a value"
+            let what = match (min, child.args.len()) {
+                (2, 1) => "a value after its name",
+                (2, _) => "a name and a value",
+                _ => "a value",
             };
             report(missing(child.name, child.name_span, what, &usage));
             continue;

@@ -73,6 +73,7 @@ impl<'f> Decoder<'f> {
         let mut scenario_simulator: Option<Simulator> = None;
         let mut has_initial = false;
         let mut step_nodes: Vec<&KdlNode> = Vec::new();
+        let mut typo_first_turn = false;
         let nodes = v.children.map(|c| c.nodes()).unwrap_or_default();
         for node in nodes {
             let cv = View::of(node, self.text());
@@ -96,6 +97,14 @@ impl<'f> Decoder<'f> {
                 self.problem(p);
             }
             let Some(spec) = spec else {
+                // `usr "hi"` first: reported above as a typo of `user`; the `expect`s after
+                // it are not also told that no turn was taken.
+                if step_nodes.is_empty()
+                    && crate::diagnostics::did_you_mean(name, ["user", "simulate", "call"])
+                        .is_some()
+                {
+                    typo_first_turn = true;
+                }
                 continue;
             };
             let key = spec.name;
@@ -289,7 +298,26 @@ impl<'f> Decoder<'f> {
                         self.push_scenario_agent(&mut sc.agents, a);
                     }
                 }
-                "needs" => sc.needs = self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…"),
+                "needs" => {
+                    let mut needs: Vec<Spanned<String>> = Vec::new();
+                    for need in self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…") {
+                        if let Some(first) = needs.iter().find(|n| n.value == need.value) {
+                            let d = self
+                                .diag(
+                                    Kind::DuplicateId,
+                                    format!("`{}` is needed twice", need.value),
+                                    need.span.span,
+                                    "listed again here",
+                                )
+                                .with_label(first.span.span, "first listed here")
+                                .with_help("list each scenario a scenario needs once");
+                            self.report(d);
+                            continue;
+                        }
+                        needs.push(need);
+                    }
+                    sc.needs = needs;
+                }
                 "row-id" => {
                     sc.row_id = self
                         .single(&cv, spec, "row-id \"{{ row.id }}\"")
@@ -349,7 +377,10 @@ impl<'f> Decoder<'f> {
         }
         // With `first-turn "agent"` the agent has spoken before the first step.
         // A `history` may end with a user message the agent answers first.
-        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent || sc.history.is_some();
+        let has_turn = has_initial
+            || sc.first_turn == FirstTurn::Agent
+            || sc.history.is_some()
+            || typo_first_turn;
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
         if let Some(simulator) = scenario_simulator {
@@ -590,7 +621,22 @@ impl<'f> Decoder<'f> {
             return self.spanned_string(e).map(PersonaRef::Named);
         }
         let usage = "persona type=\"…\" { description \"…\"; instructions \"…\" }";
-        self.check_args(v, 0, usage);
+        if let Some(named) = v.args.first() {
+            // `persona "p" type="y"`: a name and an inline description at once.
+            let d = self
+                .diag(
+                    Kind::UnexpectedArgument,
+                    "`persona` names a declared persona or describes one inline, not both",
+                    named.span(),
+                    "a declared persona's name",
+                )
+                .with_help(format!(
+                    "write `persona \"ID\"` alone to play a declared persona, or `{usage}` \
+                     without the name"
+                ));
+            self.report(d);
+            return None;
+        }
         let s = self.settings_of(v, &lang::scenario::PERSONA_REF, "an inline `persona`", &[]);
         let Some(kind) = self.s_spanned(&s, "type") else {
             if s.get("type").is_none() {

@@ -143,7 +143,7 @@ impl<'f> Decoder<'f> {
             "hitl" => {
                 // Answering a pause is not an agent turn: an `expect` after it would have
                 // nothing to look at.
-                let usage = "hitl \"approve\" message=\"…\"";
+                let usage = "hitl approve message=\"…\"";
                 self.check(v, &lang::steps::HITL, usage);
                 let Some(e) = v.args.first() else {
                     self.missing(v, "`approve` or `reject`", usage);
