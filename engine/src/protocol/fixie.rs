@@ -158,9 +158,15 @@ impl FixieClient {
             fault
         })?;
         Handshake::parse(&response.body).map_err(|e| {
+            // A page (a proxy's, a framework's index) parses as a YAML string: said as the
+            // page it is, not as "a string, expected a mapping".
+            let what = crate::transport::http::html_page(None, &response.body).map_or_else(
+                || e.to_string(),
+                |page| format!("the answer is {page}, not the agent's base prompt and few-shots"),
+            );
             Fault::new(
                 FaultCategory::Protocol,
-                format!("Fixie handshake `GET {}`: {e}", inner.base.path()),
+                format!("Fixie handshake `GET {}`: {what}", inner.base.path()),
             )
         })
     }

@@ -951,31 +951,13 @@ fn described_status(status: StatusCode, headers: Option<&HeaderMap>, body: &[u8]
         }
         return Fault::new(category, message);
     }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    let start: String = text
-        .chars()
-        .take(15)
-        .collect::<String>()
-        .to_ascii_lowercase();
-    let html = header(reqwest::header::CONTENT_TYPE)
-        .is_some_and(|t| t.to_ascii_lowercase().starts_with("text/html"))
-        || start.starts_with("<!doctype html")
-        || start.starts_with("<html");
-    if html {
-        message.push_str(": an HTML page");
-        match html_title(text) {
-            Some(title) => message.push_str(&format!(" ({title})")),
-            // No title: its text, tags left out (`<body>Invalid API key</body>`).
-            None => {
-                let words = html_text(text);
-                if !words.is_empty() {
-                    message.push_str(&format!(": {}", super::quote::cut(&words, 200)));
-                }
-            }
-        }
+    if let Some(page) = html_page(headers, body) {
+        message.push_str(": ");
+        message.push_str(&page);
         return Fault::new(category, message);
     }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
     if !text.is_empty() {
         message.push_str(": ");
         // One line: a multi-line error body (a stack trace, pretty-printed JSON) would
@@ -997,6 +979,39 @@ pub(crate) fn rate_limited_fault(retry_after: Option<Duration>) -> Fault {
     let mut fault = status_fault(StatusCode::TOO_MANY_REQUESTS, b"");
     fault.rate_limited = Some(RateLimited { retry_after });
     fault
+}
+
+/// `an HTML page (its title)` (else its text, tags left out: `<body>Invalid API key</body>`)
+/// when `body` is one, by its `Content-Type` or its start: a proxy's or a framework's page
+/// where an agent's answer was expected, said as such rather than quoted as markup.
+pub(crate) fn html_page(headers: Option<&HeaderMap>, body: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let start: String = text
+        .chars()
+        .take(15)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let html = headers
+        .and_then(|h| h.get(reqwest::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim().to_ascii_lowercase().starts_with("text/html"))
+        || start.starts_with("<!doctype html")
+        || start.starts_with("<html");
+    if !html {
+        return None;
+    }
+    let mut page = "an HTML page".to_owned();
+    match html_title(text) {
+        Some(title) => page.push_str(&format!(" ({title})")),
+        None => {
+            let words = html_text(text);
+            if !words.is_empty() {
+                page.push_str(&format!(": {}", super::quote::cut(&words, 200)));
+            }
+        }
+    }
+    Some(page)
 }
 
 /// The text of an HTML page without its tags (and what `<script>`/`<style>` hold), its

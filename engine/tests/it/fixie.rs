@@ -416,17 +416,24 @@ async fn yaml_handshake_with_extra_fields_is_read_and_recorded() {
 
 #[tokio::test]
 async fn handshake_failures_are_setup_faults_saying_what_went_wrong() {
-    let cases: [(StatusCode, &'static str, &str); 5] = [
+    let cases: [(StatusCode, &'static str, &str); 7] = [
         (
             StatusCode::OK,
             "{ \"base_prompt\": [unclosed",
             "neither JSON",
         ),
+        // A page reads as a YAML string: said as the page it is.
         (
             StatusCode::OK,
             "<html><body>Welcome</body></html>",
-            "expected a mapping",
+            "the answer is an HTML page: Welcome, not the agent's base prompt",
         ),
+        (
+            StatusCode::OK,
+            "<!DOCTYPE html><html><head><title>Sign in</title></head><body>x</body></html>",
+            "the answer is an HTML page (Sign in)",
+        ),
+        (StatusCode::OK, "just some text", "expected a mapping"),
         (
             StatusCode::OK,
             r#"{"base_prompt":"p"}"#,
