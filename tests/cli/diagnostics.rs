@@ -1619,3 +1619,28 @@ scenario "booked" {
     );
     assert!(said.contains("s.kdl:11:"), "{said}");
 }
+
+/// A scenario file `trellis import` converts, included as if it were a suite, is said to
+/// be one (it was the KDL parser's "Found invalid node name"), as when it is given to the
+/// command.
+#[tokio::test]
+async fn an_included_json_file_is_said_not_to_be_a_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cases.json"), r#"{"scenarios": []}"#).unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "include \"cases.json\"\nagent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("included file `cases.json` is not a suite file"),
+        "{said}"
+    );
+    assert!(said.contains("trellis import multiagent"), "{said}");
+    assert!(!said.contains("kdl_syntax"), "{said}");
+}

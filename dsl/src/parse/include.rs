@@ -539,6 +539,31 @@ impl Loader {
             self.broken = true;
             return;
         }
+        // A scenario file `trellis import` converts, included as if it were a suite: parsed
+        // as KDL it was a wall of syntax errors.
+        if Path::new(rel)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "json" | "yaml" | "yml"))
+        {
+            self.diags.push(
+                Diagnostic::at(
+                    Kind::NoSuite,
+                    format!("included file `{rel}` is not a suite file: suites are written in KDL (`.kdl`)"),
+                    from,
+                    file,
+                    arg.span(),
+                    "not KDL",
+                )
+                .with_help(format!(
+                    "a MultiAgentEval scenario file or Connexity test cases become a suite with \
+                     `trellis import multiagent {target_name}` or `trellis import connexity \
+                     {target_name}`; include the suite it writes"
+                )),
+            );
+            self.broken = true;
+            return;
+        }
         let canonical = canonical(&target);
         if let Some(pos) = self.stack.iter().position(|(c, _)| *c == canonical) {
             let mut names: Vec<String> = self.stack[pos..]
