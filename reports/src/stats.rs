@@ -1002,6 +1002,12 @@ impl StatsBuilder {
             }
         }
 
+        // Skipped and invalid runs checked nothing: they neither got through a node nor
+        // failed at one (they were counted as passing every node they reached), as the
+        // report's tree leaves them out (`html::outline`).
+        if !t.status.ran() {
+            return;
+        }
         let nodes: Vec<Name> = t.nodes.iter().map(|n| self.name(n)).collect();
         let failed_at = self.failure_position(t, (&suite, &scenario_name, &agent), &nodes);
         for (position, node) in nodes.into_iter().enumerate() {
@@ -1644,6 +1650,38 @@ mod tests {
         let main = &stats.branches[0];
         assert_eq!(main.outcome_runs, [(0, 2, TrajectoryStatus::Failed)]);
         assert_eq!((main.repeats.samples, main.repeats.passed), (3, 0));
+    }
+
+    /// A skipped or invalid run checked nothing: it neither passed a node nor failed at
+    /// one (it was counted as having passed every node it reached, a 100% node of runs
+    /// that checked nothing), as the report's tree leaves it out.
+    #[test]
+    fn skipped_and_invalid_runs_pass_no_node() {
+        let mut b = StatsBuilder::default();
+        b.push(&node(0, "start", None, &[0]));
+        b.push(&trajectory(0, "main", &["start"], None));
+        for (rep, status) in [
+            (1, TrajectoryStatus::Skipped),
+            (2, TrajectoryStatus::Invalid),
+        ] {
+            b.push(&node(rep, "start", None, &[0]));
+            let JournalEntry::Trajectory(mut t) = trajectory(rep, "main", &["start"], None) else {
+                unreachable!()
+            };
+            t.status = status;
+            b.push(&JournalEntry::Trajectory(t));
+        }
+        let stats = b.finish();
+        let start = stats.nodes.iter().find(|n| &*n.node == "start").unwrap();
+        assert_eq!(
+            (
+                start.reached,
+                start.passed,
+                start.failed_here,
+                start.failed_above
+            ),
+            (1, 1, 0, 0)
+        );
     }
 
     #[test]
