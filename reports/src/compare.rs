@@ -1068,7 +1068,14 @@ pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> R
             _ => (Verdict::Regressed, p),
         }
     } else if delta > EPSILON {
-        (Verdict::Improved, test(Alternative::Less))
+        // By the same rule as a drop: a rise the test cannot tell from chance (2/5 → 3/5,
+        // p 0.5) is noise, not a green "improved" a reader takes for real.
+        let p = test(Alternative::Less);
+        let rose_fully = b.passed == 0 && h.passed >= h.samples;
+        match p {
+            Some(p) if !rose_fully && p > t.alpha * (1.0 + EPSILON) => (Verdict::Noise, Some(p)),
+            _ => (Verdict::Improved, p),
+        }
     } else {
         (Verdict::Unchanged, None)
     };
@@ -1152,7 +1159,8 @@ fn run_metrics(
     let score_verdict = match (b, h) {
         (Some(_), Some(_)) if score_ungated => Verdict::Ungated,
         (Some(b), Some(h)) if b - h > t.max_score_drop => Verdict::Regressed,
-        (Some(b), Some(h)) if h > b => Verdict::Improved,
+        // As a drop: a rise within the threshold is no change worth a verdict.
+        (Some(b), Some(h)) if h - b > t.max_score_drop => Verdict::Improved,
         (Some(_), Some(_)) => Verdict::Unchanged,
         _ => Verdict::NotComparable,
     };
@@ -1837,6 +1845,27 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Regressed);
         // [[10,0],[2,8]] greater: C(12,10)·C(8,0)/C(20,10) = 66/184756.
         assert!((r.p_value.unwrap() - 66.0 / 184_756.0).abs() < 1e-9);
+    }
+
+    /// A rise is judged as a drop is: one the test cannot tell from chance is noise (it
+    /// was a green "improved" at p 0.5); a single failure turned pass, a rise from never to
+    /// always, and a significant one improve.
+    #[test]
+    fn a_rise_the_test_cannot_tell_from_chance_is_noise() {
+        let r = judge_rate(t(2, 5), t(3, 5), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Noise, "{r:?}");
+        assert!((r.p_value.unwrap() - 0.5).abs() < 1e-9, "{r:?}");
+        assert_eq!(
+            judge_rate(t(0, 1), t(1, 1), &Thresholds::default()).verdict,
+            Verdict::Improved
+        );
+        assert_eq!(
+            judge_rate(t(0, 2), t(2, 2), &Thresholds::default()).verdict,
+            Verdict::Improved
+        );
+        let r = judge_rate(t(2, 10), t(10, 10), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Improved, "{r:?}");
+        assert!(r.p_value.unwrap() < 0.05, "{r:?}");
     }
 
     #[test]
