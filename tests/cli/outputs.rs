@@ -1309,3 +1309,53 @@ async fn an_unusable_tmpdir_loses_no_result_and_fails_no_agent() {
         );
     }
 }
+
+/// A run with more trajectories than the page lists: the filter bar's count says it is of
+/// the listed ones ("500 of 500 shown" read as every failure of 600 being on the page), in
+/// a real browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_filter_count_of_a_page_that_lists_part_of_a_run_says_listed() {
+    let binary = trellis_testkit::browser::chromium();
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"many\" {\n    repeat 600\n    user \"hi\"\n    expect reply contains=\"never said\"\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let url = format!(
+        "file://{}",
+        out.join("report.html").canonicalize().unwrap().display()
+    );
+    tokio::task::block_in_place(|| {
+        let mut browser = trellis_testkit::browser::Browser::launch(&binary);
+        browser.page("Page.navigate", serde_json::json!({ "url": url }));
+        browser.wait_for_event("Page.loadEventFired");
+        let listed = browser
+            .eval("document.querySelectorAll('details.run').length")
+            .as_u64()
+            .unwrap();
+        assert!(listed < 600, "{listed} listed");
+        assert_eq!(
+            browser.eval("document.getElementById('shown').textContent"),
+            format!("{listed} of {listed} listed shown")
+        );
+        assert!(
+            browser
+                .eval("document.querySelector('.filters + .note').textContent")
+                .as_str()
+                .unwrap()
+                .contains(&format!("Not listed here: {} non-passing", 600 - listed)),
+        );
+    });
+}

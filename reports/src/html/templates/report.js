@@ -48,7 +48,11 @@
       sec.hidden = !suiteOk || (filtering() && !anyRun && !textOk);
       if (!sec.hidden) { sectionsShown++; }
     });
-    if (shown) { shown.textContent = count + ' of ' + runs.length + ' shown'; }
+    // Of the trajectories listed: on a page that leaves some out, "of 500" is not the run's.
+    if (shown) {
+      var listed = shown.hasAttribute('data-listed') ? ' listed' : '';
+      shown.textContent = count + ' of ' + runs.length + listed + ' shown';
+    }
     // A run with no trajectory says so already; "nothing matches" is for a filter.
     if (none) { none.hidden = sectionsShown > 0 || sections.length === 0; }
   }
