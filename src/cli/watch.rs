@@ -35,7 +35,7 @@ use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, Traj
 use trellis_engine::transport::http::HttpTransport;
 
 use super::console::{errln, outln};
-use super::recorder::{Record, clear_results, source};
+use super::recorder::{Record, source};
 use super::run::new_run_id;
 use super::stop::Signals;
 use super::{EXIT_INVALID, PathArgs, SelectArgs};
@@ -420,9 +420,10 @@ impl Session {
                 Rerun::Superseded(changed) => next = Some(changed),
                 Rerun::Stopped => {
                     // As `trellis run` says it: the session ends, and what the cut rerun
-                    // finished is recorded, its report marked as stopped.
+                    // finished is recorded in its own directory, marked as stopped.
                     errln!(
-                        "stopped during a rerun; what it finished is in {} (marked stopped)",
+                        "stopped during a rerun; what it finished is in its directory \
+                         (marked stopped), and the last finished rerun stays in {}",
                         self.latest_dir().display()
                     );
                     return EXIT_STOPPED;
@@ -1014,6 +1015,26 @@ impl Session {
             previous.extend(results);
             self.results = previous;
         }
+        // The whole state replaces `latest/` only once it is whole: a rerun a newer save
+        // or a signal stopped leaves the last finished one there.
+        let report_html = match &ended {
+            Executed::Finished => match promote_latest(&self.staging_dir(), &self.latest_dir()) {
+                Ok(()) => report_html.map(|_| self.latest_dir().join("report.html")),
+                Err(why) => {
+                    errln!(
+                        "warning: {why}: {} keeps the rerun before",
+                        self.latest_dir().display()
+                    );
+                    None
+                }
+            },
+            _ => {
+                if let Err(why) = discard_staging(&self.staging_dir()) {
+                    errln!("warning: {why}");
+                }
+                None
+            }
+        };
         match &ended {
             Executed::Finished => {
                 header.finish(summary.as_ref(), called, reused, &out, first_result);
@@ -1046,17 +1067,74 @@ impl Session {
         self.out_root.join(LATEST)
     }
 
-    /// Clears `latest/` of the last rerun's files and starts recording rerun `run_id`'s
-    /// whole state into it, marked so its tables say what it is (`runs.parquet`'s `kind`).
+    /// Where a rerun records the whole state until it finishes: `latest/` keeps the last
+    /// finished rerun's results meanwhile (a slow rerun cleared them at its start, so a tab
+    /// opened or reloaded then found no report, and a rerun stopped by Ctrl-C left
+    /// `latest/` with only what it had finished).
+    fn staging_dir(&self) -> PathBuf {
+        self.out_root.join(LATEST_STAGING)
+    }
+
+    /// Starts recording rerun `run_id`'s whole state, marked so its tables say what it is
+    /// (`runs.parquet`'s `kind`), into the staging directory [`promote_latest`] moves into
+    /// `latest/` once the rerun finishes.
     fn start_latest(&self, run_id: &str) -> Result<Record, String> {
-        let dir = self.latest_dir();
-        clear_results(&dir)
-            .map_err(|(path, e)| format!("cannot remove {}: {e}", path.display()))?;
+        let dir = self.staging_dir();
+        // What a rerun killed before it finished left behind.
+        discard_staging(&dir)?;
         let record = Record::create(&dir)?;
         trellis_reports::history::mark_watch_latest(&dir, run_id)
             .map_err(|e| format!("{e}: {}", source(&e)))?;
         Ok(record)
     }
+}
+
+/// Under the runs directory, beside `latest/`: a finished rerun's recording before it
+/// replaces `latest/`'s (hidden, marked as watch's: never listed as a run).
+const LATEST_STAGING: &str = ".latest.next";
+
+/// Removes a staging directory and all it holds, if there is one.
+fn discard_staging(dir: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
+    }
+}
+
+/// Moves a finished rerun's recording from `staging` into `latest`, each file renamed over
+/// the last rerun's, so that `latest/` always holds one whole rerun's report; results the
+/// new recording lacks are removed first. `latest/`'s lock (the session's hold) stays.
+fn promote_latest(staging: &Path, latest: &Path) -> Result<(), String> {
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(staging)
+        .and_then(|dir| dir.collect())
+        .map_err(|e| format!("cannot read {}: {e}", staging.display()))?;
+    let names: HashSet<std::ffi::OsString> = entries.iter().map(|e| e.file_name()).collect();
+    for name in trellis_reports::RESULT_FILES {
+        if !names.contains(std::ffi::OsStr::new(name)) {
+            match std::fs::remove_file(latest.join(name)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(format!(
+                        "cannot remove {}: {e}",
+                        latest.join(name).display()
+                    ));
+                }
+            }
+        }
+    }
+    for entry in entries {
+        let to = latest.join(entry.file_name());
+        std::fs::rename(entry.path(), &to).map_err(|e| {
+            format!(
+                "cannot move {} to {}: {e}",
+                entry.path().display(),
+                to.display()
+            )
+        })?;
+    }
+    discard_staging(staging)
 }
 
 /// Trajectory runs (× agents × repetitions) of the plan that rerun.

@@ -841,10 +841,10 @@ async fn watch_s_mirror_killed_during_a_rerun_is_not_resumed() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Killed during its first rerun, before anything finished: the mirror's journal has
-    // the rerun's `run_started` and nothing else, so nothing but its name and run.json says
-    // it is not a run cut short.
-    let latest = dir.path().join("runs").join("latest");
+    // Killed during its first rerun, before anything finished: the mirror's journal (kept
+    // beside `latest/` until the rerun finishes) has the rerun's `run_started` and nothing
+    // else, so nothing but its run.json says it is not a run cut short.
+    let latest = dir.path().join("runs").join(".latest.next");
     let started = Instant::now();
     while !journal_text(&latest).contains("\"run_started\"") || server.requests() < 2 {
         assert!(
@@ -864,7 +864,7 @@ async fn watch_s_mirror_killed_during_a_rerun_is_not_resumed() {
 
     // By its name, and by its run.json wherever it is copied.
     let copy = dir.path().join("runs").join("copy");
-    for (mirror, spelled) in [(&latest, "runs/latest"), (&copy, "runs/copy")] {
+    for (mirror, spelled) in [(&latest, "runs/.latest.next"), (&copy, "runs/copy")] {
         if mirror == &copy {
             std::fs::rename(&latest, &copy).unwrap();
         }

@@ -629,6 +629,75 @@ async fn a_signal_while_a_save_stops_a_rerun_ends_the_session() {
     );
 }
 
+/// `latest/` holds the last finished rerun while the next one runs, and keeps it when that
+/// rerun is stopped: it was cleared at a rerun's start, so a tab opened during a slow rerun
+/// found no report, and Ctrl-C left `latest/` with nothing of the suites.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_keeps_the_last_finished_rerun_until_the_next_finishes() {
+    let slow = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let fast = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |url: &str| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{url}\" timeout=\"120s\"\n\
+             scenario \"a\" {{\n    user \"hi\"\n    expect no-error\n}}\n\
+             scenario \"b\" {{\n    user \"hello\"\n    expect no-error\n}}\n"
+        )
+    };
+    write(&suite, &text(&fast.url()));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let latest = dir.path().join("runs").join("latest");
+    let summary = |dir: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
+    };
+    let before = std::fs::read(latest.join("report.html")).unwrap();
+    assert_eq!(
+        summary(&latest)["stats"]["aggregates"]["counts"]["passed"],
+        2,
+        "{}",
+        watch.all()
+    );
+
+    // The agent turns slow: the rerun waits on it.
+    write(&suite, &text(&slow.url()));
+    while slow.requests() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(std::fs::read(latest.join("report.html")).unwrap(), before);
+    assert_eq!(
+        summary(&latest)["stats"]["aggregates"]["counts"]["passed"],
+        2
+    );
+
+    let pid = i32::try_from(watch.child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), watch.child.wait())
+        .await
+        .expect("watch did not exit after SIGINT")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{}", watch.all());
+    assert_eq!(std::fs::read(latest.join("report.html")).unwrap(), before);
+    let kept = summary(&latest);
+    assert_eq!(kept["stats"]["aggregates"]["counts"]["passed"], 2, "{kept}");
+    assert!(
+        !dir.path().join("runs").join(".latest.next").exists(),
+        "the stopped rerun's recording is left behind"
+    );
+    assert!(
+        watch
+            .all()
+            .contains("the last finished rerun stays in runs/latest"),
+        "{}",
+        watch.all()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_a_stopping_rerun_at_once() {
     // Answers one byte at a time, for ever: the call in flight never finishes by itself.
