@@ -494,11 +494,17 @@ pub fn is_shard_run(dir: &Path) -> bool {
 }
 
 /// Whether `dir` holds only part of a run: a watch rerun ([`is_watch_rerun`]) or one shard
-/// ([`is_shard_run`]). History listings, comparisons, trends and shard costs leave such a
-/// directory out: its counts are not a whole run's.
+/// ([`is_shard_run`]), or is no run at all: watch's mirror of its state, under whatever name
+/// (`latest/`, or the recording of a rerun not finished yet, left behind when watch was
+/// killed). History listings, comparisons, trends and shard costs leave such a directory
+/// out: its counts are not a whole run's.
 pub fn is_part_of_run(dir: &Path) -> bool {
     match RunMeta::read(dir) {
-        Ok(Some(meta)) if meta.watch_rerun.is_some() || meta.shard.is_some() => true,
+        Ok(Some(meta))
+            if meta.watch_rerun.is_some() || meta.shard.is_some() || meta.watch_latest =>
+        {
+            true
+        }
         _ => is_watch_rerun(dir),
     }
 }

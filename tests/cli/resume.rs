@@ -861,6 +861,16 @@ async fn watch_s_mirror_killed_during_a_rerun_is_not_resumed() {
     );
     let journal = std::fs::read(latest.join(JOURNAL)).unwrap();
     let sent = server.requests();
+    // Nor is it listed as a run, under its hidden name.
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["runs", "--dir", "runs", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
 
     // By its name, and by its run.json wherever it is copied.
     let copy = dir.path().join("runs").join("copy");
