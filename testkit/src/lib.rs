@@ -135,7 +135,17 @@ impl Drop for MisbehavingServer {
 
 impl MisbehavingServer {
     pub async fn start(behavior: Behavior) -> Self {
-        Self::listen(behavior, 64, Duration::ZERO)
+        Self::listen(
+            (Ipv4Addr::LOCALHOST, 0).into(),
+            behavior,
+            64,
+            Duration::ZERO,
+        )
+    }
+
+    /// An agent on `addr` (an agent that was down coming back on its address, for one).
+    pub async fn start_at(addr: SocketAddr, behavior: Behavior) -> Self {
+        Self::listen(addr, behavior, 64, Duration::ZERO)
     }
 
     /// A healthy agent (every request answered with [`OK_BODY`]) whose accept queue holds
@@ -148,15 +158,25 @@ impl MisbehavingServer {
             body: OK_BODY.to_owned(),
         };
         // Linux queues backlog + 1 connections.
-        Self::listen(behavior, 1, accepting_after)
+        Self::listen(
+            (Ipv4Addr::LOCALHOST, 0).into(),
+            behavior,
+            1,
+            accepting_after,
+        )
     }
 
-    fn listen(behavior: Behavior, backlog: u32, accepting_after: Duration) -> Self {
+    fn listen(
+        addr: SocketAddr,
+        behavior: Behavior,
+        backlog: u32,
+        accepting_after: Duration,
+    ) -> Self {
         let socket = TcpSocket::new_v4().unwrap();
         // A small send buffer keeps what the kernel absorbs on behalf of a client that
         // stopped reading small, so byte counts reflect what the client actually pulled.
         socket.set_send_buffer_size(64 * 1024).unwrap();
-        socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        socket.bind(addr).unwrap();
         let listener = socket.listen(backlog).unwrap();
         let addr = listener.local_addr().unwrap();
         let stats = Arc::new(Stats::default());

@@ -381,8 +381,13 @@ impl Session for ReusingSession {
             // turn answered again from the records carries them.
             turn.spans_for_reuse = Some(Default::default());
             // A fault is kept too: the same conversation is answered the same way until
-            // its steps change (an edit to checks alone never calls the agent).
-            self.memo.store(self.unit, prefix, turn.clone(), &self.name);
+            // its steps change (an edit to checks alone never calls the agent). Not one of
+            // reaching the agent: an agent that was down answers nothing of the
+            // conversation, and replaying its "connection refused" once it is back up
+            // reported an agent that works as refusing connections until a step changed.
+            if !turn.fault.as_ref().is_some_and(unreachable) {
+                self.memo.store(self.unit, prefix, turn.clone(), &self.name);
+            }
             turn
         })
     }
@@ -416,4 +421,13 @@ impl Session for ReusingSession {
     fn set_template_scope(&mut self, scope: &dyn Fn() -> minijinja::Value) {
         self.inner.set_template_scope(scope);
     }
+}
+
+/// Whether `fault` says the agent could not be reached at all (down, not started, rate
+/// limited past waiting) rather than how it answered this conversation: such a turn is
+/// asked again by the next rerun instead of being replayed. A 5xx, a timeout or a reset
+/// mid-answer may be how the agent takes this very conversation, and stay kept.
+fn unreachable(fault: &crate::record::Fault) -> bool {
+    use crate::record::FaultCategory as C;
+    matches!(fault.category, C::Connect | C::Setup) || fault.rate_limited.is_some()
 }

@@ -199,6 +199,34 @@ async fn a_recorded_fault_is_reused_until_the_steps_change() {
     assert!(again.iter().all(|t| t.fault.is_some()));
 }
 
+/// An agent that was down answered nothing of the conversation: its "connection refused"
+/// is not replayed once it is back up (watch reported a working agent as refusing
+/// connections until a step changed), while a 500 above is kept.
+#[tokio::test]
+async fn an_agent_that_was_down_is_asked_again_when_it_is_back() {
+    let addr = trellis_testkit::closed_port().await;
+    let url = format!("http://{addr}/agent/respond");
+    let memo = Arc::new(TurnMemo::new());
+    let text = suite(&url, "go right", 5);
+    let (_, down) = run(plan(&text), &memo, 1).await;
+    assert!(down.iter().all(|t| {
+        t.fault
+            .as_ref()
+            .is_some_and(|f| f.category == trellis_engine::record::FaultCategory::Connect)
+    }));
+    let agent = trellis_testkit::MisbehavingServer::start_at(
+        addr,
+        trellis_testkit::Behavior::Respond {
+            status: 200,
+            body: trellis_testkit::OK_BODY.into(),
+        },
+    )
+    .await;
+    let (_, back) = run(plan(&text), &memo, 1).await;
+    assert!(agent.requests() > 0, "the agent was not asked again");
+    assert!(back.iter().all(|t| t.fault.is_none()), "{back:?}");
+}
+
 fn support_suite(approval: &str) -> String {
     format!(
         r##"agent "desk" protocol="multiagent" builtin="support"
