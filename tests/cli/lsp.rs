@@ -1162,3 +1162,76 @@ fn warnings_of_files_without_errors_are_shown_beside_the_errors() {
     assert_eq!(codes(&out[2], "agents.kdl"), [], "{}", out[2]);
     assert_eq!(codes(&out[2], "main.kdl"), warning, "{}", out[2]);
 }
+
+/// Edits that arrive while the server checks the project are applied together and checked
+/// once: a paste or a burst of keys made the server check once per edit (each edit was
+/// handed over only when the server asked for it), and a large suite answered seconds late.
+#[test]
+fn edits_sent_together_are_checked_together() {
+    use std::io::Write;
+    let dir = project();
+    let path = dir.path().join("big.kdl");
+    let text = |mark: usize| {
+        let mut text = String::from("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n");
+        for i in 0..400 {
+            text.push_str(&format!(
+                "scenario \"s{i}\" {{\n    user \"hello {i} {mark}\"\n    expect reply contains=\"x\"\n}}\n"
+            ));
+        }
+        text
+    };
+    std::fs::write(&path, text(0)).unwrap();
+    let uri = format!("file://{}", path.display());
+    let (mut child, mut stdin, mut stdout) = spawn_server(dir.path());
+    let mut send = |m: &Value| stdin.write_all(&frame(m.clone())).expect("written");
+    send(
+        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"processId": null, "rootUri": null, "capabilities": {}}}),
+    );
+    assert!(read_message(&mut stdout)["result"]["capabilities"].is_object());
+    send(&serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}));
+    send(
+        &serde_json::json!({"jsonrpc": "2.0", "method": "textDocument/didOpen",
+        "params": {"textDocument": {"uri": uri, "languageId": "kdl", "version": 1, "text": text(0)}}}),
+    );
+    let opened = read_message(&mut stdout);
+    assert_eq!(
+        opened["method"], "textDocument/publishDiagnostics",
+        "{opened}"
+    );
+    // Twenty full-text edits in one write, as a client flushes a burst, then a hover.
+    let mut burst = Vec::new();
+    for version in 2..22 {
+        burst.extend(frame(serde_json::json!({"jsonrpc": "2.0",
+            "method": "textDocument/didChange", "params": {
+                "textDocument": {"uri": uri, "version": version},
+                "contentChanges": [{"text": text(version)}]}})));
+    }
+    burst.extend(frame(serde_json::json!({"jsonrpc": "2.0", "id": 2,
+        "method": "textDocument/hover", "params": {"textDocument": {"uri": uri},
+        "position": {"line": 1, "character": 2}}})));
+    // From a thread of its own: a server that reads one edit per check answers between
+    // them, and would fill the pipe this thread reads while it writes.
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(&burst).expect("written");
+        stdin
+    });
+    let mut published = Vec::new();
+    loop {
+        let message = read_message(&mut stdout);
+        if message["id"] == 2 {
+            break;
+        }
+        if message["method"] == "textDocument/publishDiagnostics" {
+            published.push(message["params"]["version"].clone());
+        }
+    }
+    assert!(
+        published.len() <= 5,
+        "checked once per edit: {} publishes ({published:?})",
+        published.len()
+    );
+    drop(writer.join().expect("the writer"));
+    let _ = child.kill();
+    let _ = child.wait();
+}
