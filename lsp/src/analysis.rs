@@ -59,6 +59,36 @@ pub fn child_specs(
     out
 }
 
+/// What an agent's block can still take: its settings and its protocol's, less a setting
+/// it already has (`url` written on its line: "set twice") and an endpoint its protocol
+/// does not take or beside the one it has ("more than one endpoint"), which `check` refuses.
+pub fn agent_settings_left(
+    agent: &Node,
+    spec: &'static NodeSpec,
+    protocols: &[&'static ProtocolSpec],
+) -> Vec<&'static NodeSpec> {
+    let protocol = protocol_of(agent, protocols);
+    let endpoints = [
+        lang::EndpointKind::Url,
+        lang::EndpointKind::BaseUrl,
+        lang::EndpointKind::Builtin,
+        lang::EndpointKind::Command,
+        lang::EndpointKind::Socket,
+    ];
+    let endpoint_of = |name: &str| endpoints.into_iter().find(|e| e.property() == name);
+    let has_endpoint = endpoints
+        .into_iter()
+        .any(|e| agent.setting(e.property()).is_some());
+    child_specs(agent, spec, protocols)
+        .into_iter()
+        .filter(|s| !(s.form == Form::Setting && agent.setting(s.name).is_some()))
+        .filter(|s| match endpoint_of(s.name) {
+            None => true,
+            Some(kind) => !has_endpoint && protocol.is_none_or(|p| p.endpoints.contains(&kind)),
+        })
+        .collect()
+}
+
 pub fn protocol_of(
     agent: &Node,
     protocols: &[&'static ProtocolSpec],

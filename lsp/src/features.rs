@@ -41,6 +41,9 @@ impl Server {
                             Vec::new()
                         } else {
                             match chain_specs.last() {
+                                Some(spec) if spec.name == "agent" => {
+                                    analysis::agent_settings_left(parent, spec, protocols)
+                                }
                                 Some(spec) => analysis::child_specs(parent, spec, protocols),
                                 None => Vec::new(),
                             }

@@ -1235,3 +1235,36 @@ fn edits_sent_together_are_checked_together() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Inside an agent's block, completion offers what `check` takes there: not a setting the
+/// agent's line already has (`protocol`, `url`: "set twice"), nor a second endpoint or one
+/// its protocol does not take (`base-url`, `builtin`, `command`, `socket` on an `http`
+/// agent with its `url`); its protocol's own settings are offered.
+#[test]
+fn an_agents_block_is_offered_only_what_it_can_still_take() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let text = "agent \"h\" protocol=\"http\" url=\"http://127.0.0.1:9/x\" {\n    \n}\n";
+    std::fs::write(dir.path().join("main.kdl"), text).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "complete", "file": "main.kdl", "line": 1, "character": 4},
+    ]);
+    let out = session(dir.path(), steps);
+    let labels: Vec<String> = out[2]["labels"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{out:?}"))
+        .iter()
+        .filter_map(|l| l.as_str().map(str::to_owned))
+        .collect();
+    for refused in [
+        "protocol", "url", "base-url", "builtin", "command", "socket",
+    ] {
+        assert!(
+            !labels.iter().any(|l| l == refused),
+            "{refused}: {labels:?}"
+        );
+    }
+    for offered in ["request", "reply", "header", "timeout"] {
+        assert!(labels.iter().any(|l| l == offered), "{offered}: {labels:?}");
+    }
+}
