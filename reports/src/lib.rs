@@ -258,6 +258,21 @@ pub fn write_reports_to(
         {
             files.not_written.push((files.html.clone(), e));
         }
+        // The banner links the comparison: rebuilt elsewhere (`trellis report RUN --out
+        // OTHER`), the page's link pointed at files left behind.
+        if !history::same_dir(run_dir, out_dir) {
+            for name in [COMPARE_FILE, COMPARE_HTML_FILE] {
+                let from = run_dir.join(name);
+                if from.is_file()
+                    && let Err(e) = std::fs::copy(&from, out_dir.join(name))
+                {
+                    let to = out_dir.join(name);
+                    files
+                        .not_written
+                        .push((to.clone(), ReportError::io("copy the comparison to", to, e)));
+                }
+            }
+        }
     }
     Ok(files)
 }

@@ -1090,6 +1090,25 @@ async fn junit_and_the_report_carry_the_gates_verdict_under_a_baseline() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     check_gate(&junit("head"));
     check_page(&page("head"));
+    // Rebuilt into another directory, the page's link to the comparison finds it there.
+    let o = trellis()
+        .arg("report")
+        .arg(runs.join("head"))
+        .arg("--out")
+        .arg(runs.join("rebuilt"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    check_page(&page("rebuilt"));
+    assert!(page("rebuilt").contains("href=\"compare.html\""));
+    for name in ["compare.html", "compare.json"] {
+        assert_eq!(
+            std::fs::read(runs.join("rebuilt").join(name)).unwrap(),
+            std::fs::read(runs.join("head").join(name)).unwrap(),
+            "{name}"
+        );
+    }
     // A finished run resumed with its baseline gives the gate's answer again, once.
     let o = trellis()
         .arg("run")
