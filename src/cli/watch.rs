@@ -407,10 +407,14 @@ impl Session {
                         None => return EXIT_STOPPED,
                     },
                     _ = signals.next() => {
-                        errln!(
-                            "stopped; the last results stay in {}",
-                            self.latest_dir().display()
-                        );
+                        if self.last.is_some() {
+                            errln!(
+                                "stopped; the last results stay in {}",
+                                self.latest_dir().display()
+                            );
+                        } else {
+                            errln!("stopped; no rerun had finished, so there are no results");
+                        }
                         return EXIT_STOPPED;
                     }
                 },
@@ -538,8 +542,8 @@ impl Session {
                 self.broken = true;
                 errln!("{:?}", miette::Report::new(diagnostics));
                 errln!(
-                    "watch: {what}: the suite is invalid (see above); the last results stay; \
-                     fix it and save"
+                    "watch: {what}: the suite is invalid (see above); {}; fix it and save",
+                    self.kept()
                 );
                 return Rerun::Done;
             }
@@ -579,7 +583,10 @@ impl Session {
             Err(e) => {
                 self.broken = true;
                 errln!("{:?}", miette::Report::new(e));
-                errln!("watch: {what}: the suite cannot be planned; the last results stay");
+                errln!(
+                    "watch: {what}: the suite cannot be planned; {}",
+                    self.kept()
+                );
                 return Rerun::Done;
             }
         };
@@ -1062,6 +1069,16 @@ impl Session {
 }
 
 impl Session {
+    /// What a save that cannot run leaves: the last finished rerun's results, or none yet
+    /// (a session that started on a broken suite).
+    fn kept(&self) -> &'static str {
+        if self.last.is_some() {
+            "the last results stay"
+        } else {
+            "nothing has run yet"
+        }
+    }
+
     /// `--out/latest`: the whole state after the last rerun.
     fn latest_dir(&self) -> PathBuf {
         self.out_root.join(LATEST)

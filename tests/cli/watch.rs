@@ -1954,3 +1954,34 @@ scenario "forks" {{
     );
     assert!(!lines.contains("(new)"), "{}", watch.all());
 }
+
+/// A session that starts on a broken suite has no results to keep, and says so (it said
+/// "the last results stay" of results there were none of).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_started_broken_says_nothing_has_run() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        "scenario \"s\" {\n    usr \"hi\"\n}\n",
+    );
+    let mut watch = Watch::start(dir.path(), &[]);
+    let lines = watch.wait_for("the suite is invalid").await.join("\n");
+    assert!(lines.contains("nothing has run yet"), "{}", watch.all());
+    assert!(!lines.contains("the last results stay"), "{}", watch.all());
+    let pid = i32::try_from(watch.child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), watch.child.wait())
+        .await
+        .expect("watch did not exit after SIGINT")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{}", watch.all());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        watch
+            .all()
+            .contains("no rerun had finished, so there are no results"),
+        "{}",
+        watch.all()
+    );
+}
