@@ -491,9 +491,17 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     write(&suite, &fast_part.replace("\"hi\"", "\"hello\""));
-    watch
+    let stopped = watch
         .wait_for("watch: rerun 1 stopped by a newer save")
         .await;
+    // Both calls were made, the slow one cut off in flight: counted all the same.
+    assert!(
+        stopped
+            .last()
+            .is_some_and(|l| l.ends_with("(2 agent calls made)")),
+        "{}",
+        watch.all()
+    );
     let lines = watch.wait_for("watch: rerun 2 done").await;
     let text = lines.join("\n");
     assert!(text.contains("1 agent call"), "{}", watch.all());

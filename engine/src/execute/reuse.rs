@@ -374,8 +374,10 @@ impl Session for ReusingSession {
             {
                 return Turn::failed(fault);
             }
-            let mut turn = self.inner.turn(input, ctx).await;
+            // Counted as it is made: a call a newer save cut off reached the agent all the
+            // same ("stopped by a newer save (0 agent calls made)" after one was sent).
             self.memo.called(&self.name);
+            let mut turn = self.inner.turn(input, ctx).await;
             self.prefix = prefix;
             // The agent's spans come after the answer: the executor puts them here, and the
             // turn answered again from the records carries them.
