@@ -799,9 +799,11 @@ fn instances(
             let mut instance = base.clone();
             let fields = row.as_ref().map(|(_, r)| &*r.fields);
             let vars: serde_json::Map<String, Value> = combo.iter().cloned().collect();
-            let rendered = render_user_context(env, &mut instance.user_context, fields, &vars)
-                .and_then(|()| render_judged(env, &mut instance, fields, &vars));
-            if let Err(problem) = rendered {
+            // Every field's problem at once: one per save made a suite of several typos
+            // take as many saves to read.
+            let mut found = render_user_context(env, &mut instance.user_context, fields, &vars);
+            found.extend(render_judged(env, &mut instance, fields, &vars));
+            if !found.is_empty() {
                 let at = match row {
                     Some((_, r)) => format!(
                         "row {} of dataset `{}`",
@@ -810,7 +812,10 @@ fn instances(
                     ),
                     None => format!("instance `{id}`"),
                 };
-                problems.add(problem, || format!("scenario `{}`, {at}", sc.id.value));
+                for problem in found {
+                    let problem = with_column_hint(problem, fields);
+                    problems.add(problem, || format!("scenario `{}`, {at}", sc.id.value));
+                }
                 continue;
             }
             instance.id = Spanned::new(id, sc.id.span);
@@ -838,6 +843,25 @@ fn instances(
         diags,
     );
     out
+}
+
+/// `problem` with the column a `row.NAME` it says is undefined was most likely meant to be
+/// (`row.amountt`: did you mean `row.amount`?), from the row's own columns.
+fn with_column_hint(problem: String, row: Option<&dataset::Fields>) -> String {
+    let Some(row) = row.filter(|_| problem.ends_with("is undefined")) else {
+        return problem;
+    };
+    let Some(name) = problem.split("row.").nth(1).map(|rest| {
+        rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default()
+    }) else {
+        return problem;
+    };
+    match crate::diagnostics::did_you_mean(name, row.keys().map(String::as_str)) {
+        Some(best) => format!("{problem}: did you mean `row.{best}`?"),
+        None => problem,
+    }
 }
 
 /// Problems of instances, each with where it first happened and how many more instances
@@ -1080,7 +1104,7 @@ fn render_user_context(
     context: &mut serde_json::Map<String, Value>,
     row: Option<&dataset::Fields>,
     vars: &serde_json::Map<String, Value>,
-) -> Result<(), String> {
+) -> Vec<String> {
     fn render(
         env: &Environment<'static>,
         value: &mut Value,
@@ -1105,10 +1129,13 @@ fn render_user_context(
         }
         Ok(())
     }
+    let mut problems = Vec::new();
     for (key, value) in context.iter_mut() {
-        render(env, value, row, vars).map_err(|e| format!("user-context `{key}`: {e}"))?;
+        if let Err(e) = render(env, value, row, vars) {
+            problems.push(format!("user-context `{key}`: {e}"));
+        }
     }
-    Ok(())
+    problems
 }
 
 /// Renders the `{{ … }}` templates in an instance's `judge` statements and `outcome`
@@ -1120,7 +1147,7 @@ fn render_judged(
     sc: &mut Scenario,
     row: Option<&dataset::Fields>,
     vars: &serde_json::Map<String, Value>,
-) -> Result<(), String> {
+) -> Vec<String> {
     let text = |source: &mut String| -> Result<(), String> {
         if source.contains("{{") || source.contains("{%") {
             // A statement that reads more than the instance's `row` and `vars` (its
@@ -1164,50 +1191,60 @@ fn render_judged(
     fn criteria(
         list: &mut [Criterion],
         text: &dyn Fn(&mut String) -> Result<(), String>,
-    ) -> Result<(), String> {
+        problems: &mut Vec<String>,
+    ) {
         for c in list {
             let statement = match &mut c.kind {
                 CriterionKind::Judge { criterion, .. } => criterion,
                 CriterionKind::Outcome(Outcome::Statement(statement)) => statement,
                 _ => continue,
             };
-            text(statement).map_err(|e| format!("judge statement: {e}"))?;
-            text(&mut c.text).map_err(|e| format!("judge statement: {e}"))?;
+            // The statement and its text fail alike: said once.
+            if let Err(e) = text(statement).and_then(|()| text(&mut c.text)) {
+                problems.push(format!("judge statement: {e}"));
+            }
         }
-        Ok(())
     }
     fn steps(
         list: &mut [Step],
         text: &dyn Fn(&mut String) -> Result<(), String>,
-    ) -> Result<(), String> {
+        problems: &mut Vec<String>,
+    ) {
         for step in list {
             match &mut step.kind {
-                StepKind::Expect(list) => criteria(list, text)?,
+                StepKind::Expect(list) => criteria(list, text, problems),
                 StepKind::Fork(branches) => {
                     for branch in branches {
-                        steps(&mut branch.steps, text)?;
+                        steps(&mut branch.steps, text, problems);
                     }
                 }
                 _ => {}
             }
         }
-        Ok(())
     }
+    let mut problems = Vec::new();
     for outcome in &mut sc.outcomes {
-        if let Outcome::Statement(statement) = &mut outcome.value {
-            text(statement).map_err(|e| format!("outcome: {e}"))?;
+        if let Outcome::Statement(statement) = &mut outcome.value
+            && let Err(e) = text(statement)
+        {
+            problems.push(format!("outcome: {e}"));
         }
     }
     // `row` is in template scope everywhere (LANGUAGE.md): an instance's name and
     // description name its row, as the report and the tables show them.
-    if let Some(name) = &mut sc.name {
-        text(name).map_err(|e| format!("name: {e}"))?;
+    if let Some(name) = &mut sc.name
+        && let Err(e) = text(name)
+    {
+        problems.push(format!("name: {e}"));
     }
-    if let Some(description) = &mut sc.description {
-        text(description).map_err(|e| format!("description: {e}"))?;
+    if let Some(description) = &mut sc.description
+        && let Err(e) = text(description)
+    {
+        problems.push(format!("description: {e}"));
     }
-    criteria(&mut sc.criteria, &text)?;
-    steps(&mut sc.steps, &text)
+    criteria(&mut sc.criteria, &text, &mut problems);
+    steps(&mut sc.steps, &text, &mut problems);
+    problems
 }
 
 /// Each `{{ … }}` of `source`, braces included, in order.

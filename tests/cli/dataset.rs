@@ -1037,6 +1037,45 @@ async fn a_problem_every_row_shares_is_said_once_with_a_count() {
         ),
         "{err}"
     );
+    assert!(
+        err.contains("`{{ row.amout }}` is undefined: did you mean `row.amount`?"),
+        "{err}"
+    );
+}
+
+/// Every row-templated field of a `for-each` scenario with a typo is said at once (it
+/// took a save per field: the first error of an instance stopped the rest), each with
+/// the column it most likely meant.
+#[tokio::test]
+async fn every_row_field_typo_of_an_instance_is_said_at_once() {
+    let csv = "order_id,status,amount
+A1,open,10
+A2,closed,20
+";
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"data/orders.csv\"\n\
+         scenario \"s\" for-each=\"orders\" {{\n    row-id \"{{{{ row.order_id }}}}\"\n    \
+         name \"Order {{{{ row.statuss }}}}\"\n    description \"Amount {{{{ row.amout }}}}\"\n    \
+         user-context {{\n        amt \"{{{{ row.amountt }}}}\"\n    }}\n    \
+         user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/orders.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("3 errors in suite files"), "{err}");
+    for said in [
+        "name: `{{ row.statuss }}` is undefined: did you mean `row.status`?",
+        "description: `{{ row.amout }}` is undefined: did you mean `row.amount`?",
+        "`amt`: `{{ row.amountt }}` is undefined: did you mean `row.amount`?",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
 }
 
 #[tokio::test]
