@@ -301,20 +301,13 @@ impl<'f> Decoder<'f> {
                 "needs" => {
                     let mut needs: Vec<Spanned<String>> = Vec::new();
                     for need in self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…") {
-                        if let Some(first) = needs.iter().find(|n| n.value == need.value) {
-                            let d = self
-                                .diag(
-                                    Kind::DuplicateId,
-                                    format!("`{}` is needed twice", need.value),
-                                    need.span.span,
-                                    "listed again here",
-                                )
-                                .with_label(first.span.span, "first listed here")
-                                .with_help("list each scenario a scenario needs once");
-                            self.report(d);
-                            continue;
-                        }
-                        needs.push(need);
+                        let message = format!("`{}` is needed twice", need.value);
+                        self.push_listed_once(
+                            &mut needs,
+                            need,
+                            message,
+                            "list each scenario a scenario needs once",
+                        );
                     }
                     sc.needs = needs;
                 }
@@ -735,20 +728,38 @@ impl<'f> Decoder<'f> {
         agents: &mut Vec<Spanned<String>>,
         agent: Spanned<String>,
     ) {
-        if let Some(first) = agents.iter().find(|a| a.value == agent.value) {
+        let message = format!("agent `{}` is listed twice", agent.value);
+        self.push_listed_once(
+            agents,
+            agent,
+            message,
+            "list each agent once; `repeat N` runs a scenario several times",
+        );
+    }
+
+    /// Adds `item` to `list` unless it is there already: then `message` is reported at it,
+    /// with `help` (an agent or a need listed twice would count twice).
+    fn push_listed_once(
+        &mut self,
+        list: &mut Vec<Spanned<String>>,
+        item: Spanned<String>,
+        message: String,
+        help: &str,
+    ) {
+        if let Some(first) = list.iter().find(|a| a.value == item.value) {
             let d = self
                 .diag(
                     Kind::DuplicateId,
-                    format!("agent `{}` is listed twice", agent.value),
-                    agent.span.span,
+                    message,
+                    item.span.span,
                     "listed again here",
                 )
                 .with_label(first.span.span, "first listed here")
-                .with_help("list each agent once; `repeat N` runs a scenario several times");
+                .with_help(help);
             self.report(d);
             return;
         }
-        agents.push(agent);
+        list.push(item);
     }
 
     /// `user-context { … }` children as a JSON object.
