@@ -260,6 +260,8 @@ impl Session {
             );
             return EXIT_INVALID;
         }
+        // Made by this session: left as it was found when the session cannot start.
+        let made = [out_root.clone(), latest.clone()].map(|dir| !dir.exists());
         let claim = match super::recorder::claim_watch_dir(&latest) {
             Ok(claim) => claim,
             Err(e) => {
@@ -296,6 +298,14 @@ impl Session {
                 }
                 Err(e) => {
                     errln!("error: cannot serve on 127.0.0.1:{port}: {e}");
+                    // An empty `latest/` (its lock alone) left behind read as a session's.
+                    drop(claim);
+                    if made[1] {
+                        let _ = std::fs::remove_dir_all(&latest);
+                    }
+                    if made[0] {
+                        let _ = std::fs::remove_dir(&out_root);
+                    }
                     return EXIT_INVALID;
                 }
             },

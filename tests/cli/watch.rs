@@ -1993,3 +1993,31 @@ async fn a_session_started_broken_says_nothing_has_run() {
         watch.all()
     );
 }
+
+/// `--serve` on a port that is taken ends watch before it starts (exit 2), leaving no empty
+/// `runs/latest/` behind, as if a session had run there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_serve_port_leaves_no_runs_directory() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    );
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["watch", "suite.kdl", "--out", "runs", "--serve", &port])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot serve on 127.0.0.1:"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("runs").exists(), "runs/ was left behind");
+    drop(taken);
+}
