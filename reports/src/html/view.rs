@@ -331,6 +331,9 @@ pub(crate) struct Coverage {
     percent: Option<String>,
     /// The journal ended properly (Ctrl-C, SIGTERM) rather than being cut off.
     finished: bool,
+    /// Every planned trajectory is recorded, yet the run was stopped: some were cut short
+    /// ("covers 3 of 3 (100.0%)" read as a whole run).
+    all_recorded: bool,
 }
 
 #[derive(Serialize)]
@@ -1298,6 +1301,8 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             percent: (total.total() <= info.planned_trajectories)
                 .then(|| percent(total.total(), info.planned_trajectories)),
             finished: page.finished.is_some(),
+            // Stopped (not cut off): its journal says the stop left work undone.
+            all_recorded: interrupted && total.total() == info.planned_trajectories,
         });
     let checks_skipped = (page.tally.checks_skipped > 0).then(|| {
         format!(

@@ -481,6 +481,30 @@ fn the_compare_page_lists_what_changed_and_only_some_of_what_did_not() {
     assert!(html.contains("1500 more that did not"));
 }
 
+/// A run stopped after every planned trajectory was recorded (its last ones cut short: a
+/// judge not asked, a call not made) says so on its page, as its JUnit does; "covers 6 of 6
+/// planned trajectories (100.0%)" read as a whole run.
+#[test]
+fn a_stopped_run_with_every_trajectory_recorded_says_some_were_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    if let Some(trellis_records::JournalEntry::RunStarted(info)) = entries.first_mut() {
+        std::sync::Arc::make_mut(info).planned_trajectories = 6;
+    }
+    let mut summary = super::fixtures::summary();
+    summary.interrupted = true;
+    entries.push(trellis_records::JournalEntry::RunFinished(summary));
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("Stopped before its end"), "{html}");
+    assert!(
+        html.contains("all 6 planned trajectories are recorded, some of them cut short"),
+        "{html}"
+    );
+    assert!(!html.contains("covers 6 of 6"), "{html}");
+}
+
 /// A stopped run whose agents forked records more trajectories than it planned: its JUnit
 /// says so instead of "8 of 6 planned trajectories recorded".
 #[test]
