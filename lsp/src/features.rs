@@ -50,6 +50,21 @@ impl Server {
                         }
                     }
                 };
+                // A node that may be written once in its block is not offered again there
+                // (the one being typed, under the cursor, does not count).
+                let specs: Vec<_> = match parent {
+                    None => specs,
+                    Some(parent) => specs
+                        .into_iter()
+                        .filter(|s| {
+                            s.repeatable
+                                || !parent.children().any(|c| {
+                                    c.name == s.name
+                                        && !(c.name_span.start..=c.name_span.end).contains(&offset)
+                                })
+                        })
+                        .collect(),
+                };
                 for spec in specs {
                     items.push(CompletionItem {
                         label: spec.name.to_string(),

@@ -1267,4 +1267,25 @@ fn an_agents_block_is_offered_only_what_it_can_still_take() {
     for offered in ["request", "reply", "header", "timeout"] {
         assert!(labels.iter().any(|l| l == offered), "{offered}: {labels:?}");
     }
+
+    // A child written once per block (`reply`) is not offered where the block has one; a
+    // repeatable one (`header`) still is.
+    let text = "agent \"h\" protocol=\"http\" url=\"http://127.0.0.1:9/x\" {\n    \
+                reply json-path=\"$.a\"\n    \n    header \"X-A\" \"b\"\n}\n";
+    std::fs::write(dir.path().join("main.kdl"), text).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "complete", "file": "main.kdl", "line": 2, "character": 4},
+    ]);
+    let out = session(dir.path(), steps);
+    let labels: Vec<String> = out[2]["labels"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{out:?}"))
+        .iter()
+        .filter_map(|l| l.as_str().map(str::to_owned))
+        .collect();
+    assert!(!labels.iter().any(|l| l == "reply"), "{labels:?}");
+    for offered in ["request", "header"] {
+        assert!(labels.iter().any(|l| l == offered), "{offered}: {labels:?}");
+    }
 }
