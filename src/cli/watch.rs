@@ -231,6 +231,11 @@ struct Session {
     server: Option<serve::Server>,
     /// The hold on `latest/` for the session ([`super::recorder::claim_watch_dir`]).
     _claim: super::recorder::OutClaim,
+    /// The runs directory and `latest/`, each when this session made it: removed at the
+    /// end when nothing was recorded in them (a session that never ran anything).
+    made: [Option<PathBuf>; 2],
+    /// The directory of the rerun under way, or of the last one.
+    rerun_dir: Option<PathBuf>,
 }
 
 impl Session {
@@ -330,6 +335,7 @@ impl Session {
             },
             None => None,
         };
+        let out_root_made = out_root.clone();
         let mut session = Session {
             _claim: claim,
             args,
@@ -361,11 +367,23 @@ impl Session {
             reruns: 0,
             tty: std::io::stdout().is_terminal(),
             server,
+            made: [
+                made[0].then_some(out_root_made),
+                made[1].then(|| latest.clone()),
+            ],
+            rerun_dir: None,
         };
         for root in session.roots.clone() {
             session.watch_root(&root);
         }
-        session.run_forever().await
+        let code = session.run_forever().await;
+        let made = std::mem::take(&mut session.made);
+        // The lock goes with the session; a directory left empty then was only its.
+        drop(session);
+        for dir in made.iter().rev().flatten() {
+            let _ = std::fs::remove_dir(dir);
+        }
+        code
     }
 
     /// Watches `root`: a directory with everything below it, a file through its directory
@@ -435,11 +453,19 @@ impl Session {
                 Rerun::Stopped => {
                     // As `trellis run` says it: the session ends, and what the cut rerun
                     // finished is recorded in its own directory, marked as stopped.
-                    errln!(
-                        "stopped during a rerun; what it finished is in its directory \
-                         (marked stopped), and the last finished rerun stays in {}",
-                        self.latest_dir().display()
-                    );
+                    let cut = match &self.rerun_dir {
+                        Some(dir) => format!("{} (marked stopped)", dir.display()),
+                        None => "its directory (marked stopped)".to_owned(),
+                    };
+                    if self.last.is_some() {
+                        errln!(
+                            "stopped during a rerun; what it finished is in {cut}, and the \
+                             last finished rerun stays in {}",
+                            self.latest_dir().display()
+                        );
+                    } else {
+                        errln!("stopped during the first rerun; what it finished is in {cut}");
+                    }
                     return EXIT_STOPPED;
                 }
             }
@@ -879,6 +905,7 @@ impl Session {
             None => format!("{}-r{:04}", new_run_id(), header.number),
         };
         let out = self.out_root.join(&run_id);
+        self.rerun_dir = Some(out.clone());
         let rerun = match Record::create(&out) {
             Ok(record) => record,
             Err(e) => {

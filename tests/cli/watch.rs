@@ -738,15 +738,21 @@ async fn a_second_signal_ends_a_stopping_rerun_at_once() {
         .expect("watch did not exit")
         .unwrap();
     assert_eq!(status.code(), Some(130), "{}", watch.all());
-    // Said, as `trellis run` says it.
+    // Said, as `trellis run` says it, naming the rerun's directory; no rerun had
+    // finished, so there is no last one to keep.
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let all = watch.all();
+    let named = all
+        .split("stopped during the first rerun; what it finished is in ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (marked stopped)").next())
+        .unwrap_or_else(|| panic!("{all}"));
+    assert!(named.starts_with("runs/"), "{all}");
     assert!(
-        watch
-            .all()
-            .contains("stopped during a rerun; what it finished is in"),
-        "{}",
-        watch.all()
+        dir.path().join(named).join("journal.jsonl.zst").is_file(),
+        "{all}"
     );
+    assert!(!all.contains("the last finished rerun stays"), "{all}");
     // The first signal alone would wait out the 2 s grace period for the stuck call.
     assert!(
         first.elapsed() < Duration::from_millis(1900),
@@ -1992,6 +1998,9 @@ async fn a_session_started_broken_says_nothing_has_run() {
         "{}",
         watch.all()
     );
+    // Nothing ran: the session leaves no empty `runs/latest/` (nor `runs/`) behind, which
+    // read as the results of a session.
+    assert!(!dir.path().join("runs").exists(), "{}", watch.all());
 }
 
 /// `--serve` on a port that is taken ends watch before it starts (exit 2), leaving no empty
