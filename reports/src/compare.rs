@@ -738,16 +738,30 @@ pub fn compare(
         }
     }
 
-    let (fewer, removed) = taken_out(&scenarios, &branches, &criteria);
+    let (fewer, removed, removed_kinds) = taken_out(&scenarios, &branches, &criteria);
     if thresholds.gate_removed {
         regressions.extend(fewer.iter().chain(&removed).cloned());
     }
     let taken_out = (!thresholds.gate_removed && fewer.len() + removed.len() > 0).then(|| {
         let mut parts = Vec::new();
         if !removed.is_empty() {
+            let kinds: Vec<String> = [
+                ("scenario", "scenarios"),
+                ("branch", "branches"),
+                ("check", "checks"),
+            ]
+            .iter()
+            .zip(removed_kinds)
+            .filter(|(_, n)| *n > 0)
+            .map(|((one, many), n)| format!("{n} {}", if n == 1 { one } else { many }))
+            .collect();
+            let kinds = match kinds.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
             parts.push(format!(
-                "{} the base run checked {} not in the head run",
-                removed.len(),
+                "{kinds} that the base run checked {} not in the head run (verdict `removed`)",
                 if removed.len() == 1 { "is" } else { "are" }
             ));
         }
@@ -762,8 +776,7 @@ pub fn compare(
             ));
         }
         format!(
-            "{} (scenarios, branches and checks; `removed` below): they do not fail the \
-             comparison unless --gate-removed is given",
+            "{}: they do not fail the comparison unless --gate-removed is given",
             parts.join(", and ")
         )
     });
@@ -808,7 +821,7 @@ fn taken_out(
     scenarios: &[ScenarioChange],
     branches: &[BranchChange],
     criteria: &[CriterionChange],
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<String>, Vec<String>, [usize; 3]) {
     let was_checked = |rate: &RateChange| rate.base.is_some_and(|t| t.samples > 0);
     let fewer_line = |what: String, rate: &RateChange| match (rate.base, rate.head) {
         (Some(b), Some(h)) if h.samples > 0 && h.samples < b.samples => Some(format!(
@@ -819,6 +832,8 @@ fn taken_out(
     };
     let mut fewer = Vec::new();
     let mut removed = Vec::new();
+    // How many of `removed` are scenarios, branches and checks.
+    let mut kinds = [0; 3];
     let removed_scenarios: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
         .iter()
         .filter(|s| s.rate.verdict == Verdict::Removed)
@@ -827,6 +842,7 @@ fn taken_out(
     for s in scenarios {
         let what = format!("scenario {}/{} [{}]", s.suite, s.scenario, s.agent);
         if s.rate.verdict == Verdict::Removed && was_checked(&s.rate) {
+            kinds[0] += 1;
             removed.push(format!(
                 "{what}: checked in the base run, not in the head run"
             ));
@@ -847,6 +863,7 @@ fn taken_out(
         );
         if b.rate.verdict == Verdict::Removed && was_checked(&b.rate) {
             removed_branches.insert((scenario, b.trajectory.as_str()));
+            kinds[1] += 1;
             removed.push(format!(
                 "{what}: checked in the base run, not in the head run"
             ));
@@ -868,13 +885,14 @@ fn taken_out(
             .turn_index
             .map(|i| format!(" (turn {i})"))
             .unwrap_or_default();
+        kinds[2] += 1;
         removed.push(format!(
             "check {}/{} {} [{}]{at} `{}`: checked in the base run, not in the head run (taken \
              out, or its text edited)",
             c.suite, c.scenario, c.trajectory, c.agent, c.criterion
         ));
     }
-    (fewer, removed)
+    (fewer, removed, kinds)
 }
 
 /// Why a scenario the head run has checked nothing of, in the head run's words.

@@ -857,11 +857,35 @@ pub fn print_comparison(c: &Comparison) {
         })
         .collect();
     let not_run = c.criteria.iter().filter(|k| of_scenario_not_run(k)).count();
-    let only_one_side = c
-        .criteria
+    // Checks of a scenario or branch only in one run are that line above, not counted again.
+    let scenarios_one_sided: std::collections::BTreeSet<(&str, &str, &str)> = c
+        .scenarios
         .iter()
-        .filter(|k| one_sided(k.rate.verdict))
-        .count();
+        .filter(|s| one_sided(s.rate.verdict))
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
+    let branches_one_sided: std::collections::BTreeSet<(&str, &str, &str, &str)> = c
+        .branches
+        .iter()
+        .filter(|b| one_sided(b.rate.verdict))
+        .map(|b| {
+            let (suite, scenario) = (b.suite.as_str(), b.scenario.as_str());
+            (suite, scenario, b.trajectory.as_str(), b.agent.as_str())
+        })
+        .collect();
+    let (mut checks_removed, mut checks_added) = (0u64, 0u64);
+    for k in c.criteria.iter().filter(|k| one_sided(k.rate.verdict)) {
+        let (suite, scenario, agent) = (k.suite.as_str(), k.scenario.as_str(), k.agent.as_str());
+        if scenarios_one_sided.contains(&(suite, scenario, agent))
+            || branches_one_sided.contains(&(suite, scenario, k.trajectory.as_str(), agent))
+        {
+            continue;
+        }
+        match k.rate.verdict {
+            Verdict::Removed => checks_removed += 1,
+            _ => checks_added += 1,
+        }
+    }
     if !criteria.is_empty() {
         let (criteria, more) = gating_first(criteria, |k| k.rate.verdict);
         let mut table = console::table(&["branch", "check", "base", "head", "verdict", "why"]);
@@ -893,10 +917,23 @@ pub fn print_comparison(c: &Comparison) {
             console::count(not_run as u64, "check", "checks")
         );
     }
-    if only_one_side > 0 {
+    if checks_removed + checks_added > 0 {
+        let mut parts = Vec::new();
+        if checks_removed > 0 {
+            parts.push(format!(
+                "{} only in the base run",
+                console::count(checks_removed, "check is", "checks are")
+            ));
+        }
+        if checks_added > 0 {
+            parts.push(format!(
+                "{} only in the head run",
+                console::count(checks_added, "check is", "checks are")
+            ));
+        }
         outln!(
-            "{} in only one of the runs (listed with --json)",
-            console::count(only_one_side as u64, "check is", "checks are")
+            "{}, in scenarios and branches of both (listed with --json)",
+            parts.join(", ")
         );
     }
     if let Some(why) = &c.rules_differ {

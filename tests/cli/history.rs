@@ -835,8 +835,9 @@ async fn gate_removed_fails_on_what_the_head_run_no_longer_checks() {
     let text = stdout(&o);
     assert!(
         text.contains(
-            "note: 1 the base run checked is not in the head run, and 2 scenarios or branches \
-             are checked in fewer repetitions"
+            "note: 1 branch that the base run checked is not in the head run (verdict \
+             `removed`), and 2 scenarios or branches are checked in fewer repetitions: they do \
+             not fail the comparison unless --gate-removed is given"
         ),
         "{text}"
     );
@@ -2234,10 +2235,60 @@ async fn checks_a_faulted_trajectory_never_reached_are_the_same_checks_not_added
         .output()
         .await
         .unwrap();
+    assert!(!stdout(&o).contains("only in the"), "{}", stdout(&o));
+}
+
+/// What the head run no longer has is said once, by kind: a removed scenario and branch in
+/// their tables, and in the note with the check taken out of a branch both runs have; that
+/// check alone is counted under the tables (the checks of the removed branch and scenario
+/// were counted a second time, and the note read "3 the base run checked are not…").
+#[tokio::test]
+async fn what_the_head_run_no_longer_has_is_counted_once_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let base = "agent \"shop\" protocol=\"connexity\" builtin=\"booking\"\n\
+                scenario \"one\" {\n    user \"hello\"\n    expect no-error\n    \
+                expect reply contains=\"a\"\n    branch \"x\" {\n        user \"price?\"\n        \
+                expect no-error\n    }\n    branch \"y\" {\n        user \"book\"\n        \
+                expect no-error\n    }\n}\n\
+                scenario \"two\" {\n    user \"hi\"\n    expect no-error\n}\n";
+    let head = "agent \"shop\" protocol=\"connexity\" builtin=\"booking\"\n\
+                scenario \"one\" {\n    user \"hello\"\n    expect no-error\n    \
+                branch \"x\" {\n        user \"price?\"\n        expect no-error\n    }\n}\n";
+    for (name, text) in [("base", base), ("head", head)] {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let suite = dir.path().join(name).join("s.kdl");
+        std::fs::write(&suite, text).unwrap();
+        let o = trellis()
+            .args(["run", "-q", "--out"])
+            .arg(runs.join(name))
+            .arg(&suite)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let o = trellis()
+        .args(["compare", "base", "head", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = flat(&stdout(&o));
     assert!(
-        !stdout(&o).contains("in only one of the runs"),
-        "{}",
-        stdout(&o)
+        text.contains(
+            "1 check is only in the base run, in scenarios and branches of both (listed with \
+             --json)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "note: 1 scenario, 1 branch and 1 check that the base run checked are not in the \
+             head run (verdict `removed`)"
+        ),
+        "{text}"
     );
 }
 
