@@ -195,6 +195,12 @@ pub struct RunSummary {
     /// listen backlog removes it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub connections_redone: std::collections::BTreeMap<String, u64>,
+    /// Requests a long-lived agent process (`process="long-lived"`) ended on without
+    /// answering, each sent again to the process started in its place, by the agent's
+    /// command. Those turns have the new process's answer and no fault: this is where the
+    /// deaths show.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub requests_resent: std::collections::BTreeMap<String, u64>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -302,6 +302,10 @@ pub struct RunAggregates {
     /// `host:port`; from the run's end (`run_finished.connections_redone`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub connections_redone: std::collections::BTreeMap<String, u64>,
+    /// Requests a long-lived agent process ended on without answering, sent again to a new
+    /// process, by the agent's command; from the run's end (`run_finished.requests_resent`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub requests_resent: std::collections::BTreeMap<String, u64>,
 }
 
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
@@ -1111,6 +1115,11 @@ impl StatsBuilder {
                 .summary
                 .as_ref()
                 .map(|s| s.connections_redone.clone())
+                .unwrap_or_default(),
+            requests_resent: self
+                .summary
+                .as_ref()
+                .map(|s| s.requests_resent.clone())
                 .unwrap_or_default(),
         };
 

@@ -1158,6 +1158,9 @@ impl Console {
         for (address, n) in summary.iter().flat_map(|s| &s.connections_redone) {
             outln!("{}", backlog_notice(address, *n));
         }
+        for (command, n) in summary.iter().flat_map(|s| &s.requests_resent) {
+            outln!("{}", resent_notice(command, *n));
+        }
         outln!("results: {}", out.display());
         // Tables by name (they sit next to each other); the files people open by full path.
         let shown = |path: &Path, full: bool| {
@@ -1216,6 +1219,19 @@ pub(super) fn backlog_notice(address: &str, attempts: u64) -> String {
          concurrency, or raise that server's listen backlog",
         paint("BACKLOG", anstyle::AnsiColor::Yellow, stdout_colour()),
         count(attempts, "connection attempt", "connection attempts"),
+    )
+}
+
+/// The line that names a long-lived agent process that ended under `requests` requests
+/// without answering them (`RunSummary::requests_resent`), for `run` and `watch`: those
+/// turns got the answer of the process started in its place, and no check saw the death.
+pub(super) fn resent_notice(command: &str, requests: u64) -> String {
+    format!(
+        "{} the agent process `{command}` ended without answering {}; each was sent again to \
+         a new process, whose answer the turn has (no check fails for it): its log on those \
+         turns says so, and an agent that read the request before it died heard it twice",
+        paint("RESTARTED", anstyle::AnsiColor::Yellow, stdout_colour()),
+        count(requests, "request", "requests"),
     )
 }
 

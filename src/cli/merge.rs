@@ -1072,6 +1072,9 @@ fn finished(mut total: RunSummary, shards: &[ShardDir]) -> RunSummary {
         for (address, n) in &s.connections_redone {
             *total.connections_redone.entry(address.clone()).or_default() += n;
         }
+        for (command, n) in &s.requests_resent {
+            *total.requests_resent.entry(command.clone()).or_default() += n;
+        }
         total.interrupted |= s.interrupted;
         if s.finished_at > total.finished_at {
             total.finished_at.clone_from(&s.finished_at);

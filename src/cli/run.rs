@@ -492,6 +492,7 @@ pub fn run(args: RunArgs) -> u8 {
             "invalid": s.map(|s| s.invalid),
             "duration_ms": s.map(|s| s.duration_ms),
             "connections_redone": s.map(|s| &s.connections_redone),
+            "requests_resent": s.map(|s| &s.requests_resent),
             "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
             "shard": chosen.as_ref().map(|c| c.shard.to_string()),
             "regressed": comparison.as_ref().map(|c| c.regressed),

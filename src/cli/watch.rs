@@ -1323,6 +1323,9 @@ impl RunHeader {
         for (address, n) in summary.iter().flat_map(|s| &s.connections_redone) {
             outln!("  {}", super::console::backlog_notice(address, *n));
         }
+        for (command, n) in summary.iter().flat_map(|s| &s.requests_resent) {
+            outln!("  {}", super::console::resent_notice(command, *n));
+        }
     }
 }
 

@@ -145,6 +145,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         stopped_by: None,
         interrupted: false,
         connections_redone: Default::default(),
+        requests_resent: Default::default(),
         turns: samples.len() as u64,
     }));
     let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();

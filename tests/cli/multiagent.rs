@@ -476,3 +476,70 @@ async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(sent(), 8, "the resumed run sent the three turns left");
 }
+
+/// A long-lived agent that dies on a task it has read, the first time it reads it: started
+/// again, it answers.
+const DIES_ONCE: &str = r#"
+import json, os, sys
+for line in sys.stdin:
+    task = json.loads(line)["task_description"]
+    mark = os.environ["PIDS"] + ".died"
+    if "fragile" in task and not os.path.exists(mark):
+        open(mark, "w").close()
+        sys.exit(1)
+    print(json.dumps({"action": "final_answer", "summary": "done: " + task}), flush=True)
+"#;
+
+/// A long-lived process that dies under a request is started again and sent the request
+/// once more (docs/language.md), so the turn has an answer and `no-error` passes; the run
+/// says the agent died: on the console, in summary.json and in report.html (it showed
+/// nowhere but in that turn's log).
+#[tokio::test]
+async fn a_request_a_long_lived_agent_died_under_is_counted_for_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        DIES_ONCE,
+        "long-lived",
+        r#"scenario "a" { user "first"; expect no-error; user "fragile one"; expect no-error }"#,
+    );
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = flat(&stdout(&o));
+    assert!(
+        said.contains(
+            "the agent process `python3 -u agent.py` ended without answering 1 request; each \
+             was sent again to a new process"
+        ),
+        "{said}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["stats"]["aggregates"]["requests_resent"]["python3 -u agent.py"], 1,
+        "{summary}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains("<code>python3 -u agent.py</code> ended without answering 1 request;"),
+        "the report does not say the agent died"
+    );
+    // A run in which it does not die says nothing of it.
+    std::fs::write(dir.path().join("pids.died"), "").unwrap();
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("again"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("RESTARTED"), "{}", stdout(&o));
+}

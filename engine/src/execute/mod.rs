@@ -203,6 +203,8 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // A watch session's transport outlives its runs: each run reports what grew during it.
     let redone = transport.connections_redone();
     let redone_before = redone.snapshot();
+    let resent = transport.requests_resent();
+    let resent_before = resent.snapshot();
     let secrets = crate::secrets::Secrets::of_plan(&plan);
     let llm_cache = if secrets.is_empty() {
         options.llm_cache.clone()
@@ -434,6 +436,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
             .into_iter()
             .map(|(address, n)| (address.to_string(), n))
             .collect(),
+        requests_resent: resent.since(&resent_before),
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
     drop_aside(shared);

@@ -28,29 +28,39 @@ use tokio::net::{TcpSocket, TcpStream};
 
 /// Connection attempts made again because the agent's accept queue was full, by the
 /// address they went to. Shared by clones: one per transport, read at the end of a run.
-#[derive(Clone, Debug, Default)]
-pub struct Redone(Arc<Mutex<BTreeMap<SocketAddr, u64>>>);
+pub type Redone = Tally<SocketAddr>;
 
-impl Redone {
-    /// The counts so far, by address.
-    pub fn snapshot(&self) -> BTreeMap<SocketAddr, u64> {
+/// Events counted by what they happened to (an address, an agent's command), over a
+/// transport's life. Shared by clones; a run (or a watch rerun) reports what grew during it.
+#[derive(Clone, Debug)]
+pub struct Tally<K>(Arc<Mutex<BTreeMap<K, u64>>>);
+
+impl<K> Default for Tally<K> {
+    fn default() -> Self {
+        Tally(Arc::default())
+    }
+}
+
+impl<K: Ord + Clone> Tally<K> {
+    /// The counts so far, by key.
+    pub fn snapshot(&self) -> BTreeMap<K, u64> {
         self.0.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
-    /// The counts that grew since `before` (a [`Redone::snapshot`]), by how much.
-    pub fn since(&self, before: &BTreeMap<SocketAddr, u64>) -> BTreeMap<SocketAddr, u64> {
+    /// The counts that grew since `before` (a [`Tally::snapshot`]), by how much.
+    pub fn since(&self, before: &BTreeMap<K, u64>) -> BTreeMap<K, u64> {
         self.snapshot()
             .into_iter()
-            .filter_map(|(addr, n)| {
-                let grown = n.saturating_sub(before.get(&addr).copied().unwrap_or(0));
-                (grown > 0).then_some((addr, grown))
+            .filter_map(|(key, n)| {
+                let grown = n.saturating_sub(before.get(&key).copied().unwrap_or(0));
+                (grown > 0).then_some((key, grown))
             })
             .collect()
     }
 
-    fn add(&self, addr: SocketAddr, attempts: u64) {
+    pub(crate) fn add(&self, key: K, n: u64) {
         if let Ok(mut counts) = self.0.lock() {
-            *counts.entry(addr).or_default() += attempts;
+            *counts.entry(key).or_default() += n;
         }
     }
 }

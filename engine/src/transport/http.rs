@@ -231,6 +231,9 @@ struct Clients {
     fresh_direct: OnceLock<Result<reqwest::Client, String>>,
     /// Plain HTTP/1.1 to agents reached directly (see [`super::plain`]).
     plain: super::plain::PlainPool,
+    /// Requests sent again to a long-lived agent process started afresh, by its command
+    /// ([`super::line::LineTransport::counting_resent_in`]).
+    resent: super::connect::Tally<String>,
 }
 
 tokio::task_local! {
@@ -325,6 +328,14 @@ impl HttpTransport {
     /// line agents on `tcp:` given it ([`super::line::LineTransport::counting_in`]).
     pub fn connections_redone(&self) -> super::connect::Redone {
         self.clients.plain.redone.clone()
+    }
+
+    /// Requests a long-lived agent process ended on without answering, sent again to the
+    /// process started in its place, by the agent's command, over this transport's life.
+    /// The turn gets its answer from the new process, so nothing on the turn fails: the
+    /// run's summary says how often the agent died under a request.
+    pub fn requests_resent(&self) -> super::connect::Tally<String> {
+        self.clients.resent.clone()
     }
 
     fn builder() -> reqwest::ClientBuilder {

@@ -132,6 +132,8 @@ pub struct LineTransport {
     open: tokio::sync::Mutex<Option<Connection>>,
     /// Where `tcp:` connections made again are counted ([`super::connect`]).
     redone: super::connect::Redone,
+    /// Where requests sent again to a new process are counted, by command.
+    resent: super::connect::Tally<String>,
 }
 
 enum Connection {
@@ -297,6 +299,7 @@ impl LineTransport {
             keep_open,
             open: tokio::sync::Mutex::new(None),
             redone: super::connect::Redone::default(),
+            resent: super::connect::Tally::default(),
         }
     }
 
@@ -304,6 +307,13 @@ impl LineTransport {
     /// ([`super::http::HttpTransport::connections_redone`]), rather than in one of its own.
     pub fn counting_in(mut self, redone: super::connect::Redone) -> Self {
         self.redone = redone;
+        self
+    }
+
+    /// Counts requests sent again to a long-lived process started afresh in `resent`, the
+    /// run's ([`super::http::HttpTransport::requests_resent`]).
+    pub fn counting_resent_in(mut self, resent: super::connect::Tally<String>) -> Self {
+        self.resent = resent;
         self
     }
 
@@ -439,6 +449,11 @@ impl LineTransport {
                 },
                 first.message
             );
+            // A socket's server closing a kept connection between calls is ordinary; a
+            // process that ended under a request may have died of it.
+            if let LineEndpoint::Process(spec) = &self.endpoint {
+                self.resent.add(spec.command.clone(), 1);
+            }
             result = self.exchange(open, request, timeout, &mut fresh).await;
             end_after_failure(open, &result).await;
             match &mut result {

@@ -931,6 +931,8 @@ pub(crate) struct PageView {
     stopped_by: Option<String>,
     /// Loopback agents whose full accept queue dropped connection attempts.
     connections_redone: Vec<RedoneView>,
+    /// Long-lived agent processes that ended under requests, and how many (by command).
+    requests_resent: Vec<(String, u64)>,
     started_at: String,
     finished_at: Option<String>,
     duration: Option<String>,
@@ -1509,6 +1511,15 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                         address: address.clone(),
                         attempts,
                     })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        requests_resent: page
+            .finished
+            .map(|f| {
+                f.requests_resent
+                    .iter()
+                    .map(|(command, &n)| (command.clone(), n))
                     .collect()
             })
             .unwrap_or_default(),

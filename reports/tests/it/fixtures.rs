@@ -333,6 +333,7 @@ pub fn summary() -> RunSummary {
         stopped_by: None,
         interrupted: false,
         connections_redone: Default::default(),
+        requests_resent: Default::default(),
         turns: 13,
     }
 }

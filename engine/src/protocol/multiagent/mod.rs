@@ -296,6 +296,7 @@ pub(super) fn multiagent_client(
         },
         keep_open: settings.keep_open,
         redone: setup.transport.connections_redone(),
+        resent: setup.transport.requests_resent(),
         ..MultiAgentOptions::default()
     };
     let line_limits = crate::transport::line::LineLimits {

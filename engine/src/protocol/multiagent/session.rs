@@ -95,6 +95,8 @@ pub struct MultiAgentOptions {
     pub sandbox: Arc<SandboxSpec>,
     /// Where `tcp:` connections made again are counted (the run's transport's).
     pub redone: crate::transport::connect::Redone,
+    /// Where requests sent again to a restarted process are counted (the run's transport's).
+    pub resent: crate::transport::connect::Tally<String>,
 }
 
 impl Default for MultiAgentOptions {
@@ -107,6 +109,7 @@ impl Default for MultiAgentOptions {
             keep_open: false,
             sandbox: Arc::new(SandboxSpec::default()),
             redone: crate::transport::connect::Redone::default(),
+            resent: crate::transport::connect::Tally::default(),
         }
     }
 }
@@ -188,7 +191,8 @@ impl MultiAgentClient {
             cwd,
             mode: options.process_mode,
         });
-        let transport = LineTransport::new(endpoint, limits, false);
+        let transport =
+            LineTransport::new(endpoint, limits, false).counting_resent_in(options.resent.clone());
         Self::with_wire(Wire::Line { transport, limits }, retry, options, label)
     }
 
