@@ -526,19 +526,25 @@ fn column_strings(series: &Series, out: &mut Vec<String>) {
     }
 }
 
-/// A secret sent in an agent header, echoed by agents in a reply, a 500 body, on stderr and
-/// in a crash, appears in no file the run writes nor on the console.
+/// A secret sent in an agent header, echoed by agents in a reply, a 500 body, on stderr
+/// (as it is, and percent-encoded as a URL's query carries it) and in a crash, appears in
+/// no file the run writes nor on the console.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_secret_an_agent_echoes_is_redacted_everywhere() {
-    const SECRET: &str = "s3cr3t-token-9f8e7d6c";
+    // A base64 key's `/`, `+` and `=` are what percent-encoding changes.
+    const SECRET: &str = "s3cr3t-token/9f8e+7d6c==";
+    const ENCODED: &str = "s3cr3t-token%2F9f8e%2B7d6c%3D%3D";
     let (addr, _server) = echoing_agent().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("agent.py"),
         r#"
-import json, os, sys
+import json, os, sys, urllib.parse
 task = json.loads(sys.stdin.read())["task_description"]
 print("debug: token is " + os.environ["ECHO_TOKEN"], file=sys.stderr)
+token = os.environ["ECHO_TOKEN"]
+print("debug: GET /sso?token=" + urllib.parse.quote(token, safe=""), file=sys.stderr)
+print("debug: lower " + urllib.parse.quote(token, safe="").lower(), file=sys.stderr)
 if "fail" in task:
     sys.exit(3)
 print(json.dumps({"action": "final_answer", "summary": "token " + os.environ["ECHO_TOKEN"]}))
@@ -578,6 +584,7 @@ scenario "fails" {{
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let console = format!("{}{}", stdout(&o), stderr(&o));
     assert!(!console.contains(SECRET), "console: {console}");
+    assert!(!console.contains(ENCODED), "console: {console}");
 
     // The secret did reach the records, redacted, in every way it was echoed.
     let journal = crate::journal_text(&out);
@@ -586,6 +593,7 @@ scenario "fails" {{
         "Authorization: Bearer [redacted]",
         "token [redacted]",
         "debug: token is [redacted]",
+        "debug: GET /sso?token=[redacted]",
     ] {
         assert!(journal.contains(echoed), "{echoed} not in the journal");
     }
@@ -604,11 +612,13 @@ scenario "fails" {{
         } else {
             vec![String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()]
         };
-        assert!(
-            !texts.iter().any(|t| t.contains(SECRET)),
-            "{} holds the secret",
-            path.display()
-        );
+        for spelling in [SECRET, ENCODED, &ENCODED.to_lowercase()] {
+            assert!(
+                !texts.iter().any(|t| t.contains(spelling)),
+                "{} holds the secret as {spelling}",
+                path.display()
+            );
+        }
     }
     assert!(files >= 5, "journal, tables, HTML, JUnit: {files} files");
 }

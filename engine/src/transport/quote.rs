@@ -103,8 +103,37 @@ pub fn secret_spellings(secret: &str) -> Vec<String> {
         add(spelling.replace('/', "\\/"));
         add(spelling);
     }
+    // Percent-encoded, as a redirect's `Location`, an OAuth gateway's error or a proxy's log
+    // quotes a token in a query string (a base64 key's `/`, `+` and `=` all change there),
+    // in either case of hex digits.
+    let encoded = percent_encoding::utf8_percent_encode(secret, URL_ENCODED).to_string();
+    if encoded != secret {
+        let mut lower = String::with_capacity(encoded.len());
+        let mut hex_left = 0;
+        for c in encoded.chars() {
+            if c == '%' {
+                hex_left = 2;
+                lower.push(c);
+            } else if hex_left > 0 {
+                hex_left -= 1;
+                lower.push(c.to_ascii_lowercase());
+            } else {
+                lower.push(c);
+            }
+        }
+        add(lower);
+        add(encoded);
+    }
     out
 }
+
+/// What a URL's query carries as it is (RFC 3986's unreserved characters); every other
+/// byte is percent-encoded.
+const URL_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 #[cfg(test)]
 mod tests {
