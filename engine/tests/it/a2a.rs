@@ -553,6 +553,36 @@ async fn an_unreadable_card_fails_prepare() {
         .unwrap_err();
     assert_eq!(fault.category, FaultCategory::Http4xx, "{fault:?}");
     assert!(fault.message.contains("agent.json"), "{}", fault.message);
+    // Neither path there: both said, the current one first.
+    assert!(
+        fault.message.contains("agent-card.json: HTTP 404"),
+        "{}",
+        fault.message
+    );
+}
+
+/// Only a card that is not there sends the client to the older `agent.json`: a 401 (a
+/// wrong token) on `agent-card.json` is the fault, not hidden behind the older path's 404.
+#[tokio::test]
+async fn a_refused_card_is_the_fault_not_the_older_paths_404() {
+    let server = ScriptedServer::start(|request, _| match request.path() {
+        "/.well-known/agent-card.json" => http(401, "text/plain", "bad token"),
+        _ => http(404, "text/plain", "not found"),
+    })
+    .await;
+    let fault = client(&server.url, None, SHORT, 1024)
+        .prepare()
+        .await
+        .unwrap_err();
+    assert_eq!(fault.category, FaultCategory::Http4xx, "{fault:?}");
+    assert!(fault.message.contains("HTTP 401"), "{}", fault.message);
+    assert!(!fault.message.contains("404"), "{}", fault.message);
+    let paths: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.path().to_owned())
+        .collect();
+    assert_eq!(paths, ["/.well-known/agent-card.json"]);
 }
 
 /// A v1.0 server (what `a2a-sdk` 1.x serves by default) answers only its own method names,

@@ -135,37 +135,43 @@ impl Inner {
 
     async fn read_card(&self) -> Result<Resolved, Fault> {
         let urls = self.card_urls();
-        let mut last = None;
-        for url in &urls {
+        // The first path that was not there, when a later one is tried.
+        let mut missing: Option<String> = None;
+        for (i, url) in urls.iter().enumerate() {
             let attempted = with_retries(self.retry, self.limits.timeout, None, |timeout| {
                 self.transport
                     .get(url, &self.headers, self.limits.max_response_size, timeout)
             })
             .await;
-            match attempted.result {
+            let fault = match attempted.result {
                 Ok(response) => {
                     let card = wire::parse_card(&response.body)
                         .map_err(|f| Fault::new(f.category, format!("GET {url}: {}", f.message)))?;
                     return self.resolve(url, card);
                 }
-                // An older server publishes only `agent.json`.
-                Err(fault) if fault.category == FaultCategory::Http4xx => {
-                    last = Some(Fault::new(
-                        fault.category,
-                        format!("GET {url}: {}", fault.message),
-                    ));
-                }
-                Err(fault) => {
-                    return Err(Fault::new(
-                        fault.category,
-                        format!("could not read the agent card at {url}: {}", fault.message),
-                    ));
-                }
+                Err(fault) => fault,
+            };
+            // An older server publishes only `agent.json`: only a card that is not there
+            // sends us to the next path. Any other answer (401 for a wrong token, 429, a
+            // 5xx) is the agent's answer, said as it is, not hidden behind the next path's
+            // 404 nor waited out twice.
+            if not_there(&fault) && i + 1 < urls.len() {
+                missing.get_or_insert_with(|| format!("GET {url}: {}", fault.message));
+                continue;
             }
+            let message = match &missing {
+                Some(first) => format!("{first}; then GET {url}: {}", fault.message),
+                None if fault.category == FaultCategory::Http4xx => {
+                    format!("GET {url}: {}", fault.message)
+                }
+                None => format!("could not read the agent card at {url}: {}", fault.message),
+            };
+            return Err(Fault::new(fault.category, message));
         }
-        Err(last.unwrap_or_else(|| {
-            Fault::new(FaultCategory::Setup, "no agent card URL could be formed")
-        }))
+        Err(Fault::new(
+            FaultCategory::Setup,
+            "no agent card URL could be formed",
+        ))
     }
 
     fn resolve(&self, card_url: &Url, card: AgentCard) -> Result<Resolved, Fault> {
@@ -518,4 +524,11 @@ impl super::registry::ProtocolModule for Module {
     fn untimed(&self, _agent: &trellis_dsl::Agent) -> Option<String> {
         None
     }
+}
+/// A card path the server does not serve (404, 410, or 405 where GET is not routed).
+fn not_there(fault: &Fault) -> bool {
+    fault.category == FaultCategory::Http4xx
+        && ["HTTP 404", "HTTP 405", "HTTP 410"]
+            .iter()
+            .any(|status| fault.message.starts_with(status))
 }
