@@ -106,8 +106,9 @@ impl DecodeError {
     pub fn into_fault(self) -> Fault {
         match self {
             DecodeError::NotJson { .. } => Fault::new(FaultCategory::InvalidJson, self.to_string()),
+            // The server reporting its own failure, as every protocol's agent error is.
             DecodeError::Provider(detail) => Fault::new(
-                FaultCategory::Protocol,
+                FaultCategory::AgentError,
                 format!("the model answered with an error: {detail}"),
             ),
             DecodeError::Malformed(detail) => Fault::new(FaultCategory::Protocol, detail),

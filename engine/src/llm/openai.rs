@@ -298,7 +298,7 @@ pub async fn read_chunks(
         let chunk = codec::event_json(stream, "chunk", data)?;
         if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
             return Err(Fault::new(
-                FaultCategory::Protocol,
+                FaultCategory::AgentError,
                 format!("the model streamed an error: {}", error_text(error)),
             ));
         }
@@ -516,9 +516,10 @@ mod tests {
         let fault = |body: &[u8]| decode(body).err().map(|e| e.into_fault().category);
         assert_eq!(fault(b"<html>"), Some(FaultCategory::InvalidJson));
         assert_eq!(fault(b"{}"), Some(FaultCategory::Protocol));
+        // The server's own report of its failure, as on every protocol.
         assert_eq!(
             fault(br#"{"error":{"message":"bad model"}}"#),
-            Some(FaultCategory::Protocol)
+            Some(FaultCategory::AgentError)
         );
         assert_eq!(
             fault(br#"{"choices":[{"message":{"role":"assistant","content":null}}]}"#),

@@ -198,7 +198,7 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
         ),
         (
             Reply::Raw(r#"{"error":{"message":"model not loaded"}}"#.into()),
-            FaultCategory::Protocol,
+            FaultCategory::AgentError,
         ),
         (Reply::Status(500, "boom".into()), FaultCategory::Http5xx),
         // An empty answer says nothing, as a stream of no text deltas does.
