@@ -802,7 +802,20 @@ fn instances(
             // Every field's problem at once: one per save made a suite of several typos
             // take as many saves to read.
             let mut found = render_user_context(env, &mut instance.user_context, fields, &vars);
-            found.extend(render_judged(env, &mut instance, fields, &vars));
+            // A statement's `row.COLUMN` that is not a column was said where it is written
+            // (validate.rs checks criteria templates against the columns): not again here.
+            found.extend(
+                render_judged(env, &mut instance, fields, &vars)
+                    .into_iter()
+                    .filter(|problem| {
+                        !((problem.starts_with("judge statement: ")
+                            || problem.starts_with("outcome: "))
+                            && fields.is_some_and(|row| {
+                                undefined_row_field(problem)
+                                    .is_some_and(|name| !row.contains_key(name))
+                            }))
+                    }),
+            );
             if !found.is_empty() {
                 let at = match row {
                     Some((_, r)) => format!(
@@ -848,20 +861,25 @@ fn instances(
 /// `problem` with the column a `row.NAME` it says is undefined was most likely meant to be
 /// (`row.amountt`: did you mean `row.amount`?), from the row's own columns.
 fn with_column_hint(problem: String, row: Option<&dataset::Fields>) -> String {
-    let Some(row) = row.filter(|_| problem.ends_with("is undefined")) else {
-        return problem;
-    };
-    let Some(name) = problem.split("row.").nth(1).map(|rest| {
-        rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .next()
-            .unwrap_or_default()
-    }) else {
+    let (Some(row), Some(name)) = (row, undefined_row_field(&problem)) else {
         return problem;
     };
     match crate::diagnostics::did_you_mean(name, row.keys().map(String::as_str)) {
         Some(best) => format!("{problem}: did you mean `row.{best}`?"),
         None => problem,
     }
+}
+
+/// The `NAME` of the `row.NAME` a rendering problem says is undefined.
+fn undefined_row_field(problem: &str) -> Option<&str> {
+    if !problem.ends_with("is undefined") {
+        return None;
+    }
+    problem.split("row.").nth(1).map(|rest| {
+        rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default()
+    })
 }
 
 /// Problems of instances, each with where it first happened and how many more instances

@@ -1057,7 +1057,7 @@ A2,closed,20
          scenario \"s\" for-each=\"orders\" {{\n    row-id \"{{{{ row.order_id }}}}\"\n    \
          name \"Order {{{{ row.statuss }}}}\"\n    description \"Amount {{{{ row.amout }}}}\"\n    \
          user-context {{\n        amt \"{{{{ row.amountt }}}}\"\n    }}\n    \
-         user \"hi\"\n    expect no-error\n}}\n"
+         user \"hi\"\n    expect no-error\n    expect outcome \"paid {{{{ row.amuont }}}}\"\n}}\n"
     );
     let dir = project(&suite, &[("data/orders.csv", csv.as_bytes())]);
     let o = trellis()
@@ -1068,7 +1068,14 @@ A2,closed,20
         .unwrap();
     let err = flat(&stderr(&o));
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("3 errors in suite files"), "{err}");
+    // The outcome's typo once, where it is written (it was said a second time, at the
+    // scenario's name, as every instance's).
+    assert!(err.contains("4 errors in suite files"), "{err}");
+    assert!(
+        err.contains("undefined template variable `row.amuont`"),
+        "{err}"
+    );
+    assert!(!err.contains("judge statement:"), "{err}");
     for said in [
         "name: `{{ row.statuss }}` is undefined: did you mean `row.status`?",
         "description: `{{ row.amout }}` is undefined: did you mean `row.amount`?",
