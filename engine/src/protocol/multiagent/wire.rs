@@ -646,9 +646,11 @@ fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
         .enumerate()
         .filter(|(_, line)| !line.iter().all(u8::is_ascii_whitespace))
         .find_map(|(index, line)| {
-            serde_json::from_slice::<Value>(line)
-                .err()
-                .map(|e| (index, line, !e.is_eof()))
+            serde_json::from_slice::<Value>(line).err().map(|e| {
+                // Too deep for the parser is JSON all the same, not output of another kind.
+                let garbled = !e.is_eof() && !e.to_string().contains("recursion limit");
+                (index, line, garbled)
+            })
         });
     // A line that is not JSON and does not start an object is output that is not an
     // answer at all (a log line, a banner): the agent broke the protocol, and that line is
@@ -658,7 +660,9 @@ fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
         && offending.is_some_and(|(_, line, garbled)| {
             garbled && !line.trim_ascii_start().starts_with(b"{")
         });
-    const LOGS: &str = " (an agent must print only its answer on stdout, logs go to stderr)";
+    // Said of a process's stdout and of a socket alike.
+    const LOGS: &str =
+        " (an agent writes only its answers there: a process logs on stderr, not stdout)";
     // Every line JSON, more than one, on a process's stdout: answers written twice, as a
     // kept process or socket reports them (`protocol`, naming the line); it was
     // `invalid_json` for a process per call.
@@ -1500,7 +1504,11 @@ mod tests {
         let f = fault(b"Loading model weights from /models/agent.bin");
         assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("not JSON"), "{}", f.message);
-        assert!(f.message.contains("logs go to stderr"), "{}", f.message);
+        assert!(
+            f.message.contains("a process logs on stderr"),
+            "{}",
+            f.message
+        );
         assert!(
             f.message
                 .contains("Loading model weights from /models/agent.bin"),
@@ -1512,8 +1520,17 @@ mod tests {
         assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("line 2 is not JSON"), "{}", f.message);
         assert!(f.message.contains("[agent] ready"), "{}", f.message);
-        assert!(f.message.contains("logs go to stderr"), "{}", f.message);
+        assert!(
+            f.message.contains("a process logs on stderr"),
+            "{}",
+            f.message
+        );
         assert!(!f.message.contains("final_answer"), "{}", f.message);
+        // JSON too deeply nested to read is an answer that is not JSON, not a log line.
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let f = fault(deep.as_bytes());
+        assert_eq!(f.category, FaultCategory::InvalidJson, "{}", f.message);
+        assert!(f.message.contains("recursion limit"), "{}", f.message);
         // Two answers on two lines: answered twice, as a kept process reports it.
         let f = fault(b"{\"action\":\"processing\"}\n{\"action\":\"final_answer\"}");
         assert_eq!(f.category, FaultCategory::Protocol);
@@ -1846,7 +1863,7 @@ mod tests {
         assert_eq!(fault.category, FaultCategory::Protocol, "{}", fault.message);
         assert!(
             fault.message.contains("INFO starting agent")
-                && fault.message.contains("logs go to stderr"),
+                && fault.message.contains("a process logs on stderr"),
             "{}",
             fault.message
         );
