@@ -33,14 +33,23 @@ pub fn cut(text: &str, max: usize) -> String {
 }
 
 /// The start of `body` (at most [`PREVIEW_CHARS`] characters, trimmed), with `…` when
-/// there is more. Decodes only the bytes it can show: a UTF-8 character is at most four
-/// bytes, and a character cut at that edge is past what is shown.
+/// there is more, on one line: a line break is written `\n` (`\r`), so a fault message
+/// stays one line of the console, a log or a CI annotation. Decodes only the bytes it can
+/// show: a UTF-8 character is at most four bytes, and a character cut at that edge is past
+/// what is shown.
 pub fn preview(body: &[u8]) -> String {
     let shown = body.get(..PREVIEW_CHARS * 4 + 4).unwrap_or(body);
     let text = String::from_utf8_lossy(shown);
     let text = text.trim();
     let mut chars = text.chars();
-    let mut out: String = chars.by_ref().take(PREVIEW_CHARS).collect();
+    let mut out = String::with_capacity(text.len().min(PREVIEW_CHARS * 4));
+    for c in chars.by_ref().take(PREVIEW_CHARS) {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
     if chars.next().is_some() || shown.len() < body.len() {
         out.push('…');
     }
@@ -138,6 +147,14 @@ const URL_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUM
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preview_is_one_line() {
+        assert_eq!(
+            preview(b"{\"a\": 1}\r\n{\"debug\": 2}\n"),
+            "{\"a\": 1}\\r\\n{\"debug\": 2}"
+        );
+    }
 
     #[test]
     fn a_preview_is_short_whatever_the_body() {
