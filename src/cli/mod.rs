@@ -8,6 +8,7 @@
 mod agent;
 mod bench;
 mod calibrate;
+mod check_json;
 mod complete;
 mod console;
 mod fmt;
@@ -233,6 +234,10 @@ struct CheckArgs {
     /// `scenario.branch`, `tool.mock`) instead of checking suites.
     #[arg(long, value_name = "NODE")]
     explain: Option<String>,
+    /// `json`: each problem as a JSON line on stdout (file, line, column, end, code,
+    /// message, labels, help), then a `summary` line; for tools that annotate files.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
 }
 
 #[derive(Debug, Args)]
@@ -536,7 +541,7 @@ fn command(cli: Cli) -> u8 {
         Command::Run(args) => run::run(args),
         Command::Check(args) => match &args.explain {
             Some(node) => explain(node),
-            None => check(&args.paths),
+            None => check(&args.paths, args.message_format == MessageFormat::Json),
         },
         Command::Fmt(args) => fmt::fmt(args),
         Command::List(args) => list(&args),
@@ -744,15 +749,47 @@ fn lsp() -> u8 {
 
 /// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
 /// planner records when it skips them.
-fn check(args: &PathArgs) -> u8 {
-    let Some(project) = load(&args.paths) else {
-        return EXIT_INVALID;
+fn check(args: &PathArgs, json: bool) -> u8 {
+    let project = if json {
+        let default = [PathBuf::from(DEFAULT_SUITES)];
+        let paths = if args.paths.is_empty() {
+            &default[..]
+        } else {
+            &args.paths[..]
+        };
+        match trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs()) {
+            Ok(project) => project,
+            Err(diagnostics) => {
+                let files = diagnostics.files();
+                for d in diagnostics.warnings().iter().chain(diagnostics.iter()) {
+                    console::outln!("{}", check_json::diagnostic(d, files));
+                }
+                console::outln!(
+                    "{}",
+                    serde_json::json!({
+                        "type": "summary",
+                        "ok": false,
+                        "errors": diagnostics.len(),
+                        "warnings": diagnostics.warnings().len(),
+                    })
+                );
+                return EXIT_INVALID;
+            }
+        }
+    } else {
+        let Some(project) = load(&args.paths) else {
+            return EXIT_INVALID;
+        };
+        project
     };
     let mut warnings = trellis_engine::plan::warnings(&project);
     // `env` as `run` would see it here: a template reading an unset variable fails at run time.
     warnings.extend(trellis_dsl::validate::warnings(&project, |name| {
         std::env::var(name).is_ok()
     }));
+    if json {
+        return check_json_of(&project, &warnings);
+    }
     for warning in &warnings {
         console::errln!("{:?}", miette::Report::new(warning.clone()));
     }
@@ -809,6 +846,59 @@ fn check(args: &PathArgs) -> u8 {
     if trellis_reports::is_large(scenarios) {
         trellis_reports::dispose(Box::new(project));
     }
+    EXIT_OK
+}
+
+/// The JSON lines of a project that loaded: its warnings, and the summary with its counts.
+fn check_json_of(project: &trellis_dsl::Project, warnings: &[trellis_dsl::Diagnostic]) -> u8 {
+    for warning in warnings {
+        console::outln!("{}", check_json::diagnostic(warning, &project.files));
+    }
+    let everything = Selection {
+        include_inactive: true,
+        ..Selection::default()
+    };
+    let counts = match Plan::count_not_runnable(project, &everything, Default::default()) {
+        Ok(counts) => counts,
+        Err(e) => {
+            console::outln!(
+                "{}",
+                serde_json::json!({
+                    "type": "diagnostic",
+                    "severity": "error",
+                    "code": miette::Diagnostic::code(&e).map(|c| c.to_string()),
+                    "message": e.to_string(),
+                    "file": null,
+                    "labels": [],
+                })
+            );
+            console::outln!(
+                "{}",
+                serde_json::json!({"type": "summary", "ok": false, "errors": 1,
+                                   "warnings": warnings.len()})
+            );
+            return EXIT_INVALID;
+        }
+    };
+    let trajectories = project.scenarios().fold(0u64, |n, (_, s)| {
+        n.saturating_add(TrajectoryGraph::count(s))
+    });
+    console::outln!(
+        "{}",
+        serde_json::json!({
+            "type": "summary",
+            "ok": true,
+            "errors": 0,
+            "warnings": warnings.len(),
+            "files": project.files.len(),
+            "suites": project.suites.len(),
+            "scenarios": project.scenarios().count(),
+            "trajectories": trajectories,
+            "agents": project.agents.len(),
+            "trajectories_not_runnable": counts.skipped_trajectories,
+            "checks_skipped": counts.skipped_checks,
+        })
+    );
     EXIT_OK
 }
 

@@ -1644,3 +1644,87 @@ async fn an_included_json_file_is_said_not_to_be_a_suite() {
     assert!(said.contains("trellis import multiagent"), "{said}");
     assert!(!said.contains("kdl_syntax"), "{said}");
 }
+
+/// `check --message-format json`: each problem a JSON line on stdout with its file, line,
+/// column and end, code, label and help, then a summary; the exit code is `check`'s.
+#[tokio::test]
+async fn check_writes_each_problem_as_a_json_line_with_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("one.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect reply contians=\"x\"\n}\n\
+         scenario \"t\" {\n    agent \"nobody\"\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .args(["check", "--message-format", "json"])
+        .arg(dir.path().join("one.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let (summary, diagnostics) = lines.split_last().unwrap();
+    assert_eq!(summary["type"], "summary", "{summary}");
+    assert_eq!(summary["ok"], false, "{summary}");
+    assert_eq!(summary["errors"], 2, "{summary}");
+    let typo = diagnostics
+        .iter()
+        .find(|d| d["code"] == "trellis::unknown_property")
+        .unwrap_or_else(|| panic!("{diagnostics:?}"));
+    assert_eq!(typo["severity"], "error");
+    assert!(
+        typo["file"].as_str().unwrap().ends_with("one.kdl"),
+        "{typo}"
+    );
+    // `contians="x"` on line 4, from column 18.
+    assert_eq!(
+        (typo["line"].as_u64(), typo["column"].as_u64()),
+        (Some(4), Some(18)),
+        "{typo}"
+    );
+    assert_eq!(typo["end_line"], 4, "{typo}");
+    assert!(
+        typo["help"].as_str().unwrap().contains("contains"),
+        "{typo}"
+    );
+    let nobody = diagnostics
+        .iter()
+        .find(|d| d["message"].as_str().is_some_and(|m| m.contains("nobody")))
+        .unwrap_or_else(|| panic!("{diagnostics:?}"));
+    assert_eq!(
+        (nobody["line"].as_u64(), nobody["column"].as_u64()),
+        (Some(7), Some(11)),
+        "{nobody}"
+    );
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+
+    // A valid suite: its warnings, and a summary that says it is fine.
+    std::fs::write(
+        dir.path().join("one.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .args(["check", "--message-format", "json"])
+        .arg(dir.path().join("one.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["code"], "trellis::no_checks", "{lines:?}");
+    assert_eq!(lines[0]["severity"], "warning", "{lines:?}");
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert_eq!(summary["scenarios"], 1, "{summary}");
+    assert_eq!(summary["warnings"], 1, "{summary}");
+}
