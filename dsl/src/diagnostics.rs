@@ -97,6 +97,9 @@ pub enum Kind {
     /// as a string that reads like JSON (`{…}`, `[…]`) but is not JSON, so it is answered as
     /// that text (a trailing comma made the answer a string).
     NotJson,
+    /// A warning of `trellis check`: a check that no agent can pass, by the suite's own
+    /// arithmetic (`expect turns max=0` after a `user` step).
+    NeverPasses,
 }
 
 impl Kind {
@@ -139,6 +142,7 @@ impl Kind {
             Kind::LoneBranch => "trellis::lone_branch",
             Kind::EmptyFile => "trellis::empty_file",
             Kind::NotJson => "trellis::not_json",
+            Kind::NeverPasses => "trellis::never_passes",
         }
     }
 }
@@ -183,7 +187,8 @@ impl Diagnostic {
                 | Kind::MaxTurns
                 | Kind::LoneBranch
                 | Kind::EmptyFile
-                | Kind::NotJson => Severity::Warning,
+                | Kind::NotJson
+                | Kind::NeverPasses => Severity::Warning,
                 _ => Severity::Error,
             },
         }

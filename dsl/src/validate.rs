@@ -268,6 +268,86 @@ fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnosti
     along(&sc.steps, HashMap::new(), &mut said, files, out);
 }
 
+/// A `turns max=N` check below the agent turns its path has already scripted when it is
+/// checked (an `expect` after the steps before it; a trajectory's `criteria` after all of
+/// its path's steps): it fails whatever the agent does. Only scripted turns (`user`, `call`,
+/// an agent's opening turn) are counted: a simulation may end early.
+fn turns_checks_never_passing(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    fn max_of(c: &Criterion) -> Option<u64> {
+        match c.kind {
+            CriterionKind::Turns { max } => Some(u64::from(max)),
+            _ => None,
+        }
+    }
+    fn say(c: &Criterion, taken: u64, max: u64, whole: bool, files: &[SourceFile]) -> Diagnostic {
+        let turns = if taken == 1 { "turn is" } else { "turns are" };
+        Diagnostic::at_span(
+            Kind::NeverPasses,
+            match whole {
+                false => format!(
+                    "`turns max={max}` can never pass here: {taken} agent {turns} scripted \
+                     before it is checked"
+                ),
+                true => format!(
+                    "`turns max={max}` can never pass on the scenario's longest path: \
+                     {taken} agent {turns} scripted on it"
+                ),
+            },
+            files,
+            c.span,
+            "fails whatever the agent does",
+        )
+        .with_help(format!(
+            "a `user`, a `call` and an agent's opening turn each take one: raise `max` to at \
+             least {taken}, or check fewer turns"
+        ))
+    }
+    /// Walks `steps` from `before`, the most turns any path has taken on reaching them,
+    /// warning at each step-level check below it, and returns the most turns any path
+    /// through them ends with. Linear in the steps: a scenario's paths can be too many to
+    /// walk one by one (a fork of forks), and one path that fails it is enough.
+    fn walk(
+        steps: &[Step],
+        mut before: u64,
+        files: &[SourceFile],
+        out: &mut Vec<Diagnostic>,
+    ) -> u64 {
+        for step in steps {
+            match &step.kind {
+                StepKind::User(_) | StepKind::Call { .. } => before += 1,
+                StepKind::Expect(list) => {
+                    for c in list {
+                        if let Some(max) = max_of(c)
+                            && before > max
+                        {
+                            out.push(say(c, before, max, false, files));
+                        }
+                    }
+                }
+                StepKind::Fork(branches) => {
+                    before = branches
+                        .iter()
+                        .map(|branch| walk(&branch.steps, before, files, out))
+                        .max()
+                        .unwrap_or(before);
+                }
+                _ => {}
+            }
+        }
+        before
+    }
+    let opening = u64::from(sc.first_turn == FirstTurn::Agent);
+    let most = walk(&sc.steps, opening, files, out);
+    // A trajectory-level check fails on a path that scripts more; said with the most.
+    for c in &sc.criteria {
+        if let Some(max) = max_of(c)
+            && most > max
+        {
+            out.push(say(c, most, max, true, files));
+        }
+    }
+}
+
 /// A `max-turns` below the turns a path's steps take: with scripted steps past it, every
 /// trajectory of that path fails at the limit whatever the agent does ("reached max-turns
 /// with scripted steps left"), which is the suite's arithmetic, not the agent's behaviour;
@@ -477,6 +557,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         if first_instance {
             duplicate_checks(sc, files, &mut out);
             scripted_past_max_turns(sc, files, &mut out);
+            turns_checks_never_passing(sc, files, &mut out);
             lone_branches(&sc.steps, files, &mut out);
             if let Some(resolver) = &resolver {
                 needs_of_inactive(project, resolver, suite, sc, &mut out);

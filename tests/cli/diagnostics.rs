@@ -1728,3 +1728,54 @@ async fn check_writes_each_problem_as_a_json_line_with_its_place() {
     assert_eq!(summary["scenarios"], 1, "{summary}");
     assert_eq!(summary["warnings"], 1, "{summary}");
 }
+
+/// A `turns max=N` below the turns scripted before it is checked fails whatever the agent
+/// does: `check` warns, at the check, on every path where that is so, and not where it
+/// can pass.
+#[tokio::test]
+async fn a_turns_check_below_the_scripted_turns_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user "hi"
+    expect turns max=0
+    user "more"
+    expect turns max=2
+    branch "x" {
+        user "a"
+        user "b"
+        expect turns max=3
+    }
+    branch "y" {
+        user "c"
+        expect turns max=3
+    }
+    criteria {
+        turns max=3
+    }
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::never_passes").count(), 3, "{said}");
+    assert!(
+        said.contains(
+            "`turns max=0` can never pass here: 1 agent turn is scripted before it is checked"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:4:"), "{said}");
+    assert!(said.contains("s.kdl:10:"), "{said}");
+    assert!(!said.contains("s.kdl:6:"), "{said}");
+    assert!(!said.contains("s.kdl:14:"), "{said}");
+    assert!(
+        said.contains("can never pass on the scenario's longest path: 4 agent turns"),
+        "{said}"
+    );
+}
