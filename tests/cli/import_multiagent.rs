@@ -974,3 +974,51 @@ async fn a_scenarios_dataset_beside_it_is_passed_over() {
     .await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// A `message` assertion on a named `property` checks that field of the agent's reply: a
+/// `provide_instructions` reply's text is its `instructions`, and `property: "summary"`
+/// asks for its summary, which the harness passes on. It was imported as a check of the
+/// reply's text, and failed.
+#[tokio::test]
+async fn a_message_property_is_checked_on_that_field_of_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("instr.json");
+    std::fs::write(
+        &source,
+        json!({
+            "aes_version": 1.4,
+            "metadata": {"name": "Return instructions", "id": "return-howto"},
+            "workflow": {
+                "nodes": [{"id": "n1", "task_description": "How do I return an item?",
+                    "expected_outcome": [
+                        {"target": "message", "property": "summary",
+                         "expected": "Explained how to return an item.", "mode": "exact"},
+                        {"target": "message", "property": "action",
+                         "expected": "provide_instructions"},
+                    ]}],
+                "edges": [],
+            },
+            "evaluation": {"metrics": []},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let suite = dir.path().join("out.kdl");
+    let o = import(&[source.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(
+        text.contains(
+            r#"expect reply json-path="$.summary" equals="Explained how to return an item.""#
+        ),
+        "{text}"
+    );
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(dir.path().join("run"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}

@@ -1406,6 +1406,32 @@ fn assertion_criterion(assertion: &Value) -> Result<String, String> {
 }
 
 fn message_criterion(mode: &str, expected: &Value, property: &str) -> Result<String, String> {
+    // A named field of the agent's last reply object, compared exactly: that field, by
+    // JSON path into the reply as received (the turn's data), whichever field the reply's
+    // text is taken from (a `provide_instructions` reply's text is its `instructions`, and
+    // `property: "summary"` asks for its summary).
+    let is_path = !property.is_empty()
+        && property.split('.').all(|segment| {
+            !segment.is_empty()
+                && segment
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if is_path && mode == "exact" {
+        let value = match expected {
+            Value::String(text) => kdl_string(&literal_template(text)),
+            other => kdl_scalar(other).ok_or_else(|| {
+                format!(
+                    "an exact value of property `{property}` that is {}",
+                    json_kind(other)
+                )
+            })?,
+        };
+        return Ok(format!(
+            "reply json-path={} equals={value}",
+            kdl_string(&format!("$.{property}"))
+        ));
+    }
     const REPLY_PROPERTIES: &[&str] = &["", "summary", "instructions", "message", "content"];
     if !REPLY_PROPERTIES.contains(&property) {
         return Err(format!(

@@ -535,6 +535,10 @@ impl MultiAgentSession {
             turn.model = Some(name.clone());
         }
         self.dialogue.record_reply(&reply);
+        // The reply as received is the turn's data, for `reply json-path=…`: the turn's
+        // reply text is one of its fields, and a check may ask for another (the summary
+        // beside the instructions). The last reply of the turn is the one kept.
+        turn.data = Some(Value::Object(reply.raw.clone()));
         let raw = Value::Object(reply.raw.clone()).to_string();
         let summary = reply.summary().map(str::to_owned);
         match reply.action {
