@@ -778,6 +778,23 @@ fn write_directory(
         errln!("error: could not write the agents file: {e}");
         return None;
     }
+    // Every suite includes it: checked once, before any suite is touched, so a mistake in
+    // it (kept as the user left it, with --replace) is said as theirs, and the suites an
+    // earlier import wrote stay.
+    if !args.no_check
+        && let Err(diagnostics) = trellis_dsl::load(
+            &[&agents_path],
+            &trellis_engine::protocol::registry::specs(),
+        )
+    {
+        errln!(
+            "{:?}\nerror: {} does not check, and every suite includes it: nothing was \
+             imported, and no suite was touched; fix it and import again",
+            miette::Report::new(diagnostics),
+            agents_path.display()
+        );
+        return None;
+    }
     let mut results: Vec<(usize, Result<Written, String>)> =
         (0..jobs.len()).map(|i| (i, Ok(Written::Written))).collect();
     results.par_iter_mut().for_each(|(i, result)| {
@@ -905,17 +922,48 @@ pub(super) fn write_checked(
     {
         return Ok(Written::Kept(path.to_path_buf(), why));
     }
+    // What an earlier import wrote there comes back when the new suite does not check.
+    let before = if replace {
+        std::fs::read(path).ok()
+    } else {
+        None
+    };
     write_file(path, &super::edits::stamped(text), replace)?;
     if check
         && let Err(diagnostics) =
             trellis_dsl::load(&[path], &trellis_engine::protocol::registry::specs())
     {
-        let _ = std::fs::remove_file(path);
-        return Err(format!(
-            "internal: the suite written for it does not check, so it was removed; please \
-             report:\n{:?}",
-            miette::Report::new(diagnostics)
-        ));
+        let restored = match &before {
+            Some(old) => std::fs::write(path, old).is_ok(),
+            None => {
+                let _ = std::fs::remove_file(path);
+                false
+            }
+        };
+        let what = if restored {
+            "so the suite that was there is kept"
+        } else {
+            "so it was removed"
+        };
+        // A problem in another file it includes is that file's, not the importer's.
+        let own = trellis_dsl::canonical(path);
+        let elsewhere = diagnostics
+            .iter()
+            .filter_map(|d| diagnostics.files().get(d.file?))
+            .map(|f| trellis_dsl::canonical(&f.path))
+            .find(|p| *p != own);
+        return Err(match elsewhere {
+            Some(other) => format!(
+                "the suite written for it does not check because of {}, which it \
+                 includes, {what}:\n{:?}",
+                other.display(),
+                miette::Report::new(diagnostics)
+            ),
+            None => format!(
+                "internal: the suite written for it does not check, {what}; please report:\n{:?}",
+                miette::Report::new(diagnostics)
+            ),
+        });
     }
     Ok(Written::Written)
 }
