@@ -1060,3 +1060,39 @@ async fn a_broken_agents_file_leaves_every_suite_of_an_earlier_import() {
         assert_eq!(after.get(path), Some(text), "{} changed", path.display());
     }
 }
+
+/// A policy metric is imported as `violations max=0`, which fails on any breach; its
+/// threshold, which the harness scores it against, is reported as not mapped unless it
+/// means no breach too (a compliance score of 1). It was dropped silently.
+#[tokio::test]
+async fn a_policy_metrics_threshold_is_reported_when_it_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("policy.json");
+    std::fs::write(
+        &source,
+        json!({
+            "aes_version": 1.4,
+            "metadata": {"id": "p"},
+            "workflow": {
+                "nodes": [{"id": "n1", "task_description": "Refund me",
+                    "success_criteria": [
+                        {"metric": "policy_compliance_score", "threshold": 0.5},
+                        {"metric": "governance_score", "threshold": 1.0},
+                    ]}],
+                "edges": [],
+            },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let suite = dir.path().join("out.kdl");
+    let o = import(&[source.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(text.contains("expect violations max=0"), "{text}");
+    assert!(
+        text.contains("not mapped: metric `policy_compliance_score`'s threshold 0.5"),
+        "{text}"
+    );
+    assert!(!text.contains("`governance_score`'s threshold"), "{text}");
+}

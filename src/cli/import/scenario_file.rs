@@ -1136,7 +1136,15 @@ impl Reader {
                                 None => criteria
                                     .push(format!("judge {}", kdl_string(&literal_template(name)))),
                             },
-                            Metric::NoViolations => criteria.push("violations max=0".into()),
+                            Metric::NoViolations => {
+                                criteria.push("violations max=0".into());
+                                if let Some(remark) = violations_threshold_remark(
+                                    name,
+                                    object.and_then(|m| m.get("threshold")),
+                                ) {
+                                    self.unmapped(format!("`evaluation.metrics`: {remark}"));
+                                }
+                            }
                             Metric::CoveredBy(what) => self
                                 .notes
                                 .push(format!("`evaluation.metrics` `{name}`: checked by {what}")),
@@ -1673,6 +1681,23 @@ enum Metric {
 
 /// Classifies the metric `name` of `c` (`None` for a plain metric name) on a step or scenario
 /// whose criteria so far are `written`.
+/// What a policy metric's threshold loses as `violations max=0`, which passes only without
+/// any breach: the harness scores every metric `>= threshold`, so a compliance score's
+/// threshold short of 1 lets some breaches pass there, and a violation rate's or count's
+/// threshold means what that comparison makes of it. `None` without a threshold, or for a
+/// compliance score's threshold of 1 (no breach, as here).
+fn violations_threshold_remark(metric: &str, threshold: Option<&Value>) -> Option<String> {
+    let threshold = threshold?.as_f64()?;
+    let score = !metric.to_ascii_lowercase().contains("violation");
+    (!(score && threshold >= 1.0)).then(|| {
+        format!(
+            "metric `{metric}`'s threshold {threshold}: checked as `violations max=0`, which \
+             fails on any policy breach, where the harness compares the metric's score with \
+             the threshold (`>=`)"
+        )
+    })
+}
+
 fn classify_metric(name: &str, c: Option<&Map<String, Value>>, written: &[String]) -> Metric {
     let rubric = c
         .and_then(|c| c.get("judge_config"))
@@ -1783,6 +1808,9 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
             Metric::Judged => {}
             Metric::NoViolations => {
                 step.expects.push("violations max=0".into());
+                if let Some(remark) = violations_threshold_remark(metric, c.get("threshold")) {
+                    step.unmapped.push(remark);
+                }
                 continue;
             }
             Metric::CoveredBy(what) => {
