@@ -1096,3 +1096,35 @@ async fn a_policy_metrics_threshold_is_reported_when_it_is_not_kept() {
     );
     assert!(!text.contains("`governance_score`'s threshold"), "{text}");
 }
+
+/// A file that is not UTF-8 says so and how to mend it (it read "not JSON: expected value at
+/// line 1 column 1" for a UTF-16 file, and named a code point for a Windows-1252 one).
+#[tokio::test]
+async fn a_file_that_is_not_utf8_says_which_encoding_and_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("corpus");
+    std::fs::create_dir_all(&source).unwrap();
+    let text = generated(1).to_string();
+    let mut utf16 = vec![0xFF, 0xFE];
+    utf16.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(source.join("utf16.json"), utf16).unwrap();
+    // `é` in Windows-1252, on the first line's 10th character.
+    std::fs::write(
+        source.join("cp1252.json"),
+        b"{\"tasks\": \"caf\xe9\"}\n".as_slice(),
+    )
+    .unwrap();
+    let out = dir.path().join("suites");
+    let o = import(&[source.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("utf16.json: the file is UTF-16 (it starts with a UTF-16 byte order mark): save it as UTF-8"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cp1252.json: the file is not UTF-8: byte 0xE9 at line 1, column 15"),
+        "{err}"
+    );
+    assert!(!err.contains("agents.kdl does not check"), "{err}");
+}

@@ -178,6 +178,9 @@ const CASE_FIELDS: &[&str] = &[
 
 impl CaseFile {
     fn parse(bytes: &[u8], stem: &str) -> Result<CaseFile, String> {
+        if let Some(why) = super::not_utf8(bytes) {
+            return Err(why);
+        }
         let bytes = super::without_bom(bytes);
         let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
         let mut file = CaseFile::default();

@@ -203,6 +203,31 @@ fn needs_escape(c: char) -> bool {
 
 /// A file's bytes without the byte order mark editors on Windows save JSON with, which JSON
 /// parsers refuse.
+/// Why `bytes` is not UTF-8 text, as a person can act on it: a UTF-16 file (what Windows
+/// calls "Unicode") by its byte order mark, else the first byte that is not UTF-8, where
+/// it is (a Windows-1252 `’` is 0x92). `None` for UTF-8.
+pub fn not_utf8(bytes: &[u8]) -> Option<String> {
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Some(
+            "the file is UTF-16 (it starts with a UTF-16 byte order mark): save it as UTF-8"
+                .to_owned(),
+        );
+    }
+    let error = std::str::from_utf8(bytes).err()?;
+    let at = error.valid_up_to();
+    let before = bytes.get(..at).unwrap_or_default();
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = String::from_utf8_lossy(before.rsplit(|&b| b == b'\n').next().unwrap_or_default())
+        .chars()
+        .count()
+        + 1;
+    let byte = bytes.get(at).copied().unwrap_or_default();
+    Some(format!(
+        "the file is not UTF-8: byte 0x{byte:02X} at line {line}, column {column} (a file \
+         saved as Windows-1252 or Latin-1?): save it as UTF-8"
+    ))
+}
+
 pub fn without_bom(bytes: &[u8]) -> &[u8] {
     bytes
         .strip_prefix(trellis_dsl::dataset::BOM.as_bytes())

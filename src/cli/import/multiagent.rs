@@ -781,7 +781,9 @@ fn write_directory(
     // Every suite includes it: checked once, before any suite is touched, so a mistake in
     // it (kept as the user left it, with --replace) is said as theirs, and the suites an
     // earlier import wrote stay.
+    // (With no file to import, it has no agent to check.)
     if !args.no_check
+        && jobs.iter().any(|job| matches!(job.parsed, Some(Ok(_))))
         && let Err(diagnostics) = trellis_dsl::load(
             &[&agents_path],
             &trellis_engine::protocol::registry::specs(),

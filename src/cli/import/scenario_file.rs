@@ -30,6 +30,8 @@ pub enum ScenarioError {
     EmptyFile,
     #[error("not JSON: {0} (a scenario file is one JSON object)")]
     NotJson(#[from] serde_json::Error),
+    #[error("{0}")]
+    NotUtf8(String),
     #[error("the file holds {0}, not a JSON object")]
     NotAnObject(&'static str),
     #[error(
@@ -157,6 +159,9 @@ impl ScenarioFile {
     /// Reads `text` (a whole file). `fallback_id` (the file's stem) is the scenario id when
     /// the file names none.
     pub fn parse(text: &[u8], fallback_id: &str) -> Result<ScenarioFile, ScenarioError> {
+        if let Some(why) = super::not_utf8(text) {
+            return Err(ScenarioError::NotUtf8(why));
+        }
         let text = super::without_bom(text);
         if text.iter().all(u8::is_ascii_whitespace) {
             return Err(ScenarioError::EmptyFile);
