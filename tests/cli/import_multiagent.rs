@@ -1128,3 +1128,30 @@ async fn a_file_that_is_not_utf8_says_which_encoding_and_where() {
     );
     assert!(!err.contains("agents.kdl does not check"), "{err}");
 }
+
+/// A blank `task_description` is refused as a missing one is (it was imported as
+/// `user "   "`, silently).
+#[tokio::test]
+async fn a_blank_task_description_is_refused_as_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("blank.json");
+    std::fs::write(
+        &source,
+        json!({
+            "aes_version": 1.4,
+            "metadata": {"id": "b"},
+            "workflow": {"nodes": [{"id": "n1", "task_description": "   "}], "edges": []},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let suite = dir.path().join("out.kdl");
+    let o = import(&[source.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        flat(&stderr(&o)).contains("workflow node `n1` has no `task_description` (or a blank one)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!suite.exists());
+}

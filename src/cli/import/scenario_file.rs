@@ -60,7 +60,7 @@ pub enum ScenarioError {
     },
     #[error("the workflow's edges form a cycle through {0}")]
     Cycle(String),
-    #[error("{what} `{id}` has no `{field}`: there is nothing to send the agent")]
+    #[error("{what} `{id}` has no `{field}` (or a blank one): there is nothing to send the agent")]
     NoTask {
         what: &'static str,
         id: String,
@@ -792,8 +792,8 @@ impl Reader {
             id,
         };
         step.message = match node.get("task_description") {
-            Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) => {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            None | Some(Value::Null | Value::String(_)) => {
                 return Err(ScenarioError::NoTask {
                     what: "workflow node",
                     id: step.id,
@@ -872,8 +872,8 @@ impl Reader {
             id,
         };
         step.message = match task.get("description") {
-            Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) => {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            None | Some(Value::Null | Value::String(_)) => {
                 return Err(ScenarioError::NoTask {
                     what: "task",
                     id: step.id,
