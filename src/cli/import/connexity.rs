@@ -693,6 +693,23 @@ impl Case {
                 kdl_string(&literal_template(&text))
             ));
         }
+        // The platform's judge scores every case, one with nothing else to check too (a
+        // red-team case: a persona and an opening message): without a check, its
+        // trajectories would be skipped, never judged.
+        let checks_something = !case.criteria.is_empty()
+            || case
+                .settings
+                .iter()
+                .any(|line| line.starts_with("outcome ") || line.starts_with("expect-tool "));
+        if !checks_something {
+            case.criteria
+                .push("judge \"The agent meets this test case's evaluation criteria\"".to_owned());
+            case.notes.push(
+                "no expected outcome, tool call or criteria override: judged as the platform \
+                 judges every case"
+                    .to_owned(),
+            );
+        }
         case
     }
 }
