@@ -133,7 +133,14 @@ impl AgentNode {
             let _ = write!(out, " max-actions={max}");
         }
         if self.task_only {
-            out.push_str(" {\n    request \"task-only\"\n}");
+            // The AgentV harness that sends the task alone sends a tool's result as its
+            // `message` too: an agent written for it is answered as it expects. (The
+            // builtin reads either wording.)
+            if matches!(self.endpoint, Endpoint::Builtin(_)) {
+                out.push_str(" {\n    request \"task-only\"\n}");
+            } else {
+                out.push_str(" {\n    request \"task-only\"\n    feedback \"harness\"\n}");
+            }
         }
         out.push('\n');
         out
