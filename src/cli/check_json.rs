@@ -6,6 +6,8 @@
 use serde_json::{Value, json};
 use trellis_dsl::{Diagnostic, SourceFile};
 
+use super::console::outln;
+
 /// The JSON line of `diagnostic`, whose labels point into `files`.
 pub(super) fn diagnostic(diagnostic: &Diagnostic, files: &[SourceFile]) -> Value {
     let file = diagnostic.file.and_then(|f| files.get(f));
@@ -46,6 +48,42 @@ pub(super) fn diagnostic(diagnostic: &Diagnostic, files: &[SourceFile]) -> Value
         out["related"] = Value::Array(related);
     }
     out
+}
+
+/// The lines of suites that did not load: their warnings and errors, then the summary.
+pub(super) fn invalid(diagnostics: &trellis_dsl::Diagnostics) {
+    let files = diagnostics.files();
+    for d in diagnostics.warnings().iter().chain(diagnostics.iter()) {
+        outln!("{}", self::diagnostic(d, files));
+    }
+    outln!(
+        "{}",
+        json!({
+            "type": "summary",
+            "ok": false,
+            "errors": diagnostics.len(),
+            "warnings": diagnostics.warnings().len(),
+        })
+    );
+}
+
+/// The lines of a project the planner refused (`warnings` of it said already).
+pub(super) fn plan_error(error: &trellis_engine::plan::PlanError, warnings: usize) {
+    outln!(
+        "{}",
+        json!({
+            "type": "diagnostic",
+            "severity": "error",
+            "code": miette::Diagnostic::code(error).map(|c| c.to_string()),
+            "message": error.to_string(),
+            "file": null,
+            "labels": [],
+        })
+    );
+    outln!(
+        "{}",
+        json!({"type": "summary", "ok": false, "errors": 1, "warnings": warnings})
+    );
 }
 
 fn severity(diagnostic: &Diagnostic) -> &'static str {

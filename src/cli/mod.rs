@@ -567,25 +567,29 @@ fn command(cli: Cli) -> u8 {
 /// The suites read when a command is given no path.
 pub(crate) const DEFAULT_SUITES: &str = "suites";
 
-/// Loads suites, printing diagnostics; `None` means "exit 2".
-pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
+/// Loads suites (`suites/` when no path is given).
+fn load_suites(paths: &[PathBuf]) -> Result<trellis_dsl::Project, trellis_dsl::Diagnostics> {
     let default = [PathBuf::from(DEFAULT_SUITES)];
     let paths = if paths.is_empty() {
         &default[..]
     } else {
         paths
     };
-    match trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs()) {
-        Ok(project) => Some(project),
-        Err(diagnostics) => {
-            // Warnings first: the errors, which stop the command, are what is read last.
-            for warning in diagnostics.warnings() {
-                console::errln!("{:?}", miette::Report::new(warning.clone()));
-            }
-            console::errln!("{:?}", miette::Report::new(diagnostics));
-            None
-        }
+    trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs())
+}
+
+/// Loads suites, printing diagnostics; `None` means "exit 2".
+pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
+    load_suites(paths).map_err(print_load_errors).ok()
+}
+
+/// A load's diagnostics on stderr, as every command prints them.
+fn print_load_errors(diagnostics: trellis_dsl::Diagnostics) {
+    // Warnings first: the errors, which stop the command, are what is read last.
+    for warning in diagnostics.warnings() {
+        console::errln!("{:?}", miette::Report::new(warning.clone()));
     }
+    console::errln!("{:?}", miette::Report::new(diagnostics));
 }
 
 fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
@@ -750,48 +754,28 @@ fn lsp() -> u8 {
 /// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
 /// planner records when it skips them.
 fn check(args: &PathArgs, json: bool) -> u8 {
-    let project = if json {
-        let default = [PathBuf::from(DEFAULT_SUITES)];
-        let paths = if args.paths.is_empty() {
-            &default[..]
-        } else {
-            &args.paths[..]
-        };
-        match trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs()) {
-            Ok(project) => project,
-            Err(diagnostics) => {
-                let files = diagnostics.files();
-                for d in diagnostics.warnings().iter().chain(diagnostics.iter()) {
-                    console::outln!("{}", check_json::diagnostic(d, files));
-                }
-                console::outln!(
-                    "{}",
-                    serde_json::json!({
-                        "type": "summary",
-                        "ok": false,
-                        "errors": diagnostics.len(),
-                        "warnings": diagnostics.warnings().len(),
-                    })
-                );
-                return EXIT_INVALID;
-            }
-        }
-    } else {
-        let Some(project) = load(&args.paths) else {
+    let project = match load_suites(&args.paths) {
+        Ok(project) => project,
+        Err(diagnostics) if json => {
+            check_json::invalid(&diagnostics);
             return EXIT_INVALID;
-        };
-        project
+        }
+        Err(diagnostics) => {
+            print_load_errors(diagnostics);
+            return EXIT_INVALID;
+        }
     };
     let mut warnings = trellis_engine::plan::warnings(&project);
     // `env` as `run` would see it here: a template reading an unset variable fails at run time.
     warnings.extend(trellis_dsl::validate::warnings(&project, |name| {
         std::env::var(name).is_ok()
     }));
-    if json {
-        return check_json_of(&project, &warnings);
-    }
     for warning in &warnings {
-        console::errln!("{:?}", miette::Report::new(warning.clone()));
+        if json {
+            console::outln!("{}", check_json::diagnostic(warning, &project.files));
+        } else {
+            console::errln!("{:?}", miette::Report::new(warning.clone()));
+        }
     }
     // Counted on a plan of every scenario, so the numbers are the ones a run would record.
     let everything = Selection {
@@ -800,6 +784,10 @@ fn check(args: &PathArgs, json: bool) -> u8 {
     };
     let counts = match Plan::count_not_runnable(&project, &everything, Default::default()) {
         Ok(counts) => counts,
+        Err(e) if json => {
+            check_json::plan_error(&e, warnings.len());
+            return EXIT_INVALID;
+        }
         Err(e) => {
             console::errln!("{:?}", miette::Report::new(e));
             return EXIT_INVALID;
@@ -811,15 +799,34 @@ fn check(args: &PathArgs, json: bool) -> u8 {
     let trajectories = project.scenarios().fold(0u64, |n, (_, s)| {
         n.saturating_add(TrajectoryGraph::count(s))
     });
-    console::outln!(
-        "ok: {}, {}, {}, {}, {}",
-        console::count(project.files.len() as u64, "file", "files"),
-        console::count(project.suites.len() as u64, "suite", "suites"),
-        console::count(scenarios as u64, "scenario", "scenarios"),
-        console::count(trajectories, "trajectory", "trajectories"),
-        console::count(project.agents.len() as u64, "agent", "agents")
-    );
-    if counts.skipped_trajectories > 0 || counts.skipped_checks > 0 {
+    if json {
+        console::outln!(
+            "{}",
+            serde_json::json!({
+                "type": "summary",
+                "ok": true,
+                "errors": 0,
+                "warnings": warnings.len(),
+                "files": project.files.len(),
+                "suites": project.suites.len(),
+                "scenarios": scenarios,
+                "trajectories": trajectories,
+                "agents": project.agents.len(),
+                "trajectories_not_runnable": counts.skipped_trajectories,
+                "checks_skipped": counts.skipped_checks,
+            })
+        );
+    } else {
+        console::outln!(
+            "ok: {}, {}, {}, {}, {}",
+            console::count(project.files.len() as u64, "file", "files"),
+            console::count(project.suites.len() as u64, "suite", "suites"),
+            console::count(scenarios as u64, "scenario", "scenarios"),
+            console::count(trajectories, "trajectory", "trajectories"),
+            console::count(project.agents.len() as u64, "agent", "agents")
+        );
+    }
+    if !json && (counts.skipped_trajectories > 0 || counts.skipped_checks > 0) {
         // Checks of the trajectories that cannot run are not counted again.
         let mut parts = Vec::new();
         if counts.skipped_trajectories > 0 {
@@ -846,59 +853,6 @@ fn check(args: &PathArgs, json: bool) -> u8 {
     if trellis_reports::is_large(scenarios) {
         trellis_reports::dispose(Box::new(project));
     }
-    EXIT_OK
-}
-
-/// The JSON lines of a project that loaded: its warnings, and the summary with its counts.
-fn check_json_of(project: &trellis_dsl::Project, warnings: &[trellis_dsl::Diagnostic]) -> u8 {
-    for warning in warnings {
-        console::outln!("{}", check_json::diagnostic(warning, &project.files));
-    }
-    let everything = Selection {
-        include_inactive: true,
-        ..Selection::default()
-    };
-    let counts = match Plan::count_not_runnable(project, &everything, Default::default()) {
-        Ok(counts) => counts,
-        Err(e) => {
-            console::outln!(
-                "{}",
-                serde_json::json!({
-                    "type": "diagnostic",
-                    "severity": "error",
-                    "code": miette::Diagnostic::code(&e).map(|c| c.to_string()),
-                    "message": e.to_string(),
-                    "file": null,
-                    "labels": [],
-                })
-            );
-            console::outln!(
-                "{}",
-                serde_json::json!({"type": "summary", "ok": false, "errors": 1,
-                                   "warnings": warnings.len()})
-            );
-            return EXIT_INVALID;
-        }
-    };
-    let trajectories = project.scenarios().fold(0u64, |n, (_, s)| {
-        n.saturating_add(TrajectoryGraph::count(s))
-    });
-    console::outln!(
-        "{}",
-        serde_json::json!({
-            "type": "summary",
-            "ok": true,
-            "errors": 0,
-            "warnings": warnings.len(),
-            "files": project.files.len(),
-            "suites": project.suites.len(),
-            "scenarios": project.scenarios().count(),
-            "trajectories": trajectories,
-            "agents": project.agents.len(),
-            "trajectories_not_runnable": counts.skipped_trajectories,
-            "checks_skipped": counts.skipped_checks,
-        })
-    );
     EXIT_OK
 }
 

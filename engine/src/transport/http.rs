@@ -921,6 +921,18 @@ pub(crate) fn status_fault_with(
     fault
 }
 
+/// The status of an error answer [`status_fault`] described (`HTTP 404 …`), for a caller
+/// that acts on which status it was; `None` for any other fault.
+pub(crate) fn status_of(fault: &Fault) -> Option<u16> {
+    if !matches!(
+        fault.category,
+        FaultCategory::Http4xx | FaultCategory::Http5xx
+    ) {
+        return None;
+    }
+    fault.message.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
+}
+
 fn described_status(status: StatusCode, headers: Option<&HeaderMap>, body: &[u8]) -> Fault {
     let category = if status.is_client_error() {
         FaultCategory::Http4xx

@@ -201,8 +201,6 @@ fn needs_escape(c: char) -> bool {
         )
 }
 
-/// A file's bytes without the byte order mark editors on Windows save JSON with, which JSON
-/// parsers refuse.
 /// Why `bytes` is not UTF-8 text, as a person can act on it: a UTF-16 file (what Windows
 /// calls "Unicode") by its byte order mark, else the first byte that is not UTF-8, where
 /// it is (a Windows-1252 `’` is 0x92). `None` for UTF-8.
@@ -228,6 +226,8 @@ pub fn not_utf8(bytes: &[u8]) -> Option<String> {
     ))
 }
 
+/// A file's bytes without the byte order mark editors on Windows save JSON with, which JSON
+/// parsers refuse.
 pub fn without_bom(bytes: &[u8]) -> &[u8] {
     bytes
         .strip_prefix(trellis_dsl::dataset::BOM.as_bytes())

@@ -1684,8 +1684,6 @@ enum Metric {
     Unmapped(String),
 }
 
-/// Classifies the metric `name` of `c` (`None` for a plain metric name) on a step or scenario
-/// whose criteria so far are `written`.
 /// What a policy metric's threshold loses as `violations max=0`, which passes only without
 /// any breach: the harness scores every metric `>= threshold`, so a compliance score's
 /// threshold short of 1 lets some breaches pass there, and a violation rate's or count's
@@ -1703,6 +1701,8 @@ fn violations_threshold_remark(metric: &str, threshold: Option<&Value>) -> Optio
     })
 }
 
+/// Classifies the metric `name` of `c` (`None` for a plain metric name) on a step or scenario
+/// whose criteria so far are `written`.
 fn classify_metric(name: &str, c: Option<&Map<String, Value>>, written: &[String]) -> Metric {
     let rubric = c
         .and_then(|c| c.get("judge_config"))

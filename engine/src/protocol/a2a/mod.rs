@@ -525,10 +525,11 @@ impl super::registry::ProtocolModule for Module {
         None
     }
 }
+
 /// A card path the server does not serve (404, 410, or 405 where GET is not routed).
 fn not_there(fault: &Fault) -> bool {
-    fault.category == FaultCategory::Http4xx
-        && ["HTTP 404", "HTTP 405", "HTTP 410"]
-            .iter()
-            .any(|status| fault.message.starts_with(status))
+    matches!(
+        crate::transport::http::status_of(fault),
+        Some(404 | 405 | 410)
+    )
 }

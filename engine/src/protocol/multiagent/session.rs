@@ -538,8 +538,9 @@ impl MultiAgentSession {
         // The reply as received is the turn's data, for `reply json-path=…`: the turn's
         // reply text is one of its fields, and a check may ask for another (the summary
         // beside the instructions). The last reply of the turn is the one kept.
-        turn.data = Some(Value::Object(reply.raw.clone()));
-        let raw = Value::Object(reply.raw.clone()).to_string();
+        let data = Value::Object(reply.raw.clone());
+        let raw = data.to_string();
+        turn.data = Some(data);
         let summary = reply.summary().map(str::to_owned);
         match reply.action {
             Action::CallTool(call) => self.run_calls(turn, raw, vec![call]),
