@@ -1156,8 +1156,8 @@ fn render_user_context(
     problems
 }
 
-/// Renders the `{{ … }}` templates in an instance's `judge` statements and `outcome`
-/// statements (scenario-level, in `criteria` and in every `expect`), its `name` and its
+/// Renders the `{{ … }}` templates in an instance's `judge` statements and rubrics and
+/// `outcome` statements (scenario-level, in `criteria` and in every `expect`), its `name` and its
 /// `description` as text, with its `row` and matrix `vars`, so the judge reads the row's
 /// values and the report names the row.
 fn render_judged(
@@ -1212,14 +1212,24 @@ fn render_judged(
         problems: &mut Vec<String>,
     ) {
         for c in list {
-            let statement = match &mut c.kind {
-                CriterionKind::Judge { criterion, .. } => criterion,
-                CriterionKind::Outcome(Outcome::Statement(statement)) => statement,
+            let (statement, rubric) = match &mut c.kind {
+                CriterionKind::Judge {
+                    criterion, rubric, ..
+                } => (criterion, rubric.as_mut()),
+                CriterionKind::Outcome(Outcome::Statement(statement)) => (statement, None),
                 _ => continue,
             };
-            // The statement and its text fail alike: said once.
-            if let Err(e) = text(statement).and_then(|()| text(&mut c.text)) {
-                problems.push(format!("judge statement: {e}"));
+            // The criterion's text holds the statement and the rubric, and fails as they do:
+            // said once. The judge reads both as the record writes them.
+            let rendered = text(statement)
+                .map_err(|e| format!("judge statement: {e}"))
+                .and_then(|()| match rubric {
+                    Some(rubric) => text(rubric).map_err(|e| format!("judge rubric: {e}")),
+                    None => Ok(()),
+                })
+                .and_then(|()| text(&mut c.text).map_err(|e| format!("judge statement: {e}")));
+            if let Err(e) = rendered {
+                problems.push(e);
             }
         }
     }

@@ -1414,6 +1414,8 @@ pub enum ValueSlot {
     ToolParam(String),
     /// The statement of a `judge` or `outcome "…"` criterion: the judge reads it rendered.
     JudgeStatement,
+    /// A `judge` criterion's `rubric=` text: the judge is instructed with it rendered.
+    JudgeRubric,
 }
 
 #[derive(Clone, Debug)]

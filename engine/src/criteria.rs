@@ -123,26 +123,29 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
     check_rendered(criterion, &rendered, scope, turns, turn_index, evidence)
 }
 
-/// The kind of a judged criterion (`judge`, `outcome "…"`) with its statement rendered in
-/// `ctx` when it is a template ([`ValueSlot::JudgeStatement`]), so the judge reads the
-/// values; borrowed as written otherwise. The record keeps the statement as written.
+/// The kind of a judged criterion (`judge`, `outcome "…"`) with its statement and its
+/// `rubric=` rendered in `ctx` where they are templates ([`ValueSlot::JudgeStatement`],
+/// [`ValueSlot::JudgeRubric`]), so the judge reads the values; borrowed as written
+/// otherwise. The record keeps the criterion as written.
 pub fn judged_kind<'c>(
     planned: &'c PlannedCriterion,
     templates: &Templates,
     ctx: impl FnOnce() -> minijinja::Value,
 ) -> Result<std::borrow::Cow<'c, CriterionKind>, crate::render::RenderError> {
-    let Some((_, template)) = planned
-        .templates
-        .iter()
-        .find(|(slot, _)| *slot == ValueSlot::JudgeStatement)
-    else {
+    let judged =
+        |slot: &ValueSlot| matches!(slot, ValueSlot::JudgeStatement | ValueSlot::JudgeRubric);
+    if !planned.templates.iter().any(|(slot, _)| judged(slot)) {
         return Ok(std::borrow::Cow::Borrowed(&planned.criterion.kind));
-    };
-    let text = templates.render(template, ctx)?;
-    Ok(std::borrow::Cow::Owned(crate::render::with_statement(
-        &planned.criterion.kind,
-        text,
-    )))
+    }
+    let ctx = ctx();
+    let mut kind = planned.criterion.kind.clone();
+    for (slot, template) in planned.templates.iter().filter(|(slot, _)| judged(slot)) {
+        let text = templates.render(template, || ctx.clone())?;
+        if let Some(value) = crate::render::judged_value(&mut kind, slot) {
+            *value = text;
+        }
+    }
+    Ok(std::borrow::Cow::Owned(kind))
 }
 
 /// The record of a judged check whose statement could not be rendered: an error of the

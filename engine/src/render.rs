@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::value::{Object, Serde, Value};
 use minijinja::{Environment, UndefinedBehavior};
-use trellis_dsl::{CriterionKind, Persona, Scenario, Template};
+use trellis_dsl::{CriterionKind, Persona, Scenario, Template, ValueSlot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -725,36 +725,49 @@ pub fn expected_tools_rendered(
         .collect()
 }
 
-/// `kind`, a judged criterion, with its statement rendered by `render` when it is written
-/// as a template; borrowed as written otherwise. For statements not compiled into a plan:
-/// a scenario's own `outcome`s and a rejudged run's checks.
+/// `kind`, a judged criterion, with its statement and its `rubric=` rendered by `render`
+/// where they are written as templates; borrowed as written otherwise. For statements not
+/// compiled into a plan: a scenario's own `outcome`s and a rejudged run's checks.
 pub fn statement_rendered<'k>(
     kind: &'k CriterionKind,
-    render: impl FnOnce(&str) -> Result<String, RenderError>,
+    render: impl Fn(&str) -> Result<String, RenderError>,
 ) -> Result<std::borrow::Cow<'k, CriterionKind>, RenderError> {
-    let statement = match kind {
-        CriterionKind::Judge { criterion, .. } => criterion,
-        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => statement,
-        _ => return Ok(std::borrow::Cow::Borrowed(kind)),
+    let is_template = trellis_dsl::template::is_template;
+    let templated = match kind {
+        CriterionKind::Judge {
+            criterion, rubric, ..
+        } => is_template(criterion) || rubric.as_deref().is_some_and(is_template),
+        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => {
+            is_template(statement)
+        }
+        _ => false,
     };
-    if !trellis_dsl::template::is_template(statement) {
+    if !templated {
         return Ok(std::borrow::Cow::Borrowed(kind));
     }
-    Ok(std::borrow::Cow::Owned(with_statement(
-        kind,
-        render(statement)?,
-    )))
+    let mut kind = kind.clone();
+    for slot in [ValueSlot::JudgeStatement, ValueSlot::JudgeRubric] {
+        if let Some(text) = judged_value(&mut kind, &slot)
+            && is_template(text)
+        {
+            *text = render(text)?;
+        }
+    }
+    Ok(std::borrow::Cow::Owned(kind))
 }
 
-/// `kind` with `text` as its judged statement.
-pub fn with_statement(kind: &CriterionKind, text: String) -> CriterionKind {
-    let mut kind = kind.clone();
-    match &mut kind {
-        CriterionKind::Judge { criterion, .. } => *criterion = text,
-        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => *statement = text,
-        _ => {}
+/// The value of a judged criterion's `kind` that `slot` names (its statement, its rubric),
+/// to write rendered; `None` for another slot or a kind without that value.
+pub fn judged_value<'k>(kind: &'k mut CriterionKind, slot: &ValueSlot) -> Option<&'k mut String> {
+    match (kind, slot) {
+        (CriterionKind::Judge { criterion, .. }, ValueSlot::JudgeStatement) => Some(criterion),
+        (CriterionKind::Judge { rubric, .. }, ValueSlot::JudgeRubric) => rubric.as_mut(),
+        (
+            CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)),
+            ValueSlot::JudgeStatement,
+        ) => Some(statement),
+        _ => None,
     }
-    kind
 }
 
 /// Why a judged check was not judged when its statement could not be rendered.

@@ -962,7 +962,9 @@ scenario "greet" {{
     let good = dir.path().join("good.kdl");
     std::fs::write(
         &good,
-        suite("EXPECT-JUDGE greets on {{ user_context.day }}"),
+        suite(
+            r#"EXPECT-JUDGE greets on {{ user_context.day }}" rubric="RUBRIC-TEXT grade the ask for the {{ vars.asked }} on {{ user_context.day }}"#,
+        ),
     )
     .unwrap();
     let o = trellis()
@@ -983,6 +985,7 @@ scenario "greet" {{
         .join("\n");
     for rendered in [
         "EXPECT-JUDGE greets on Tuesday",
+        "RUBRIC-TEXT grade the ask for the postal code on Tuesday",
         "SCENARIO-OUTCOME booked for Tuesday",
         "CRITERIA-OUTCOME it asked for the postal code",
     ] {
@@ -1011,6 +1014,10 @@ scenario "greet" {{
     assert_eq!(fake.calls() - before, 3, "{}", stdout(&o));
     assert!(again.contains("EXPECT-JUDGE greets on Tuesday"), "{again}");
     assert!(
+        again.contains("RUBRIC-TEXT grade the ask for the postal code on Tuesday"),
+        "{again}"
+    );
+    assert!(
         again.contains("CRITERIA-OUTCOME it asked for the postal code"),
         "{again}"
     );
@@ -1037,6 +1044,87 @@ scenario "greet" {{
         said.contains("undefined template variable `user_context.dya`")
             && said.contains("bad.kdl:"),
         "{said}"
+    );
+    // A rubric is checked as the statement is: at its place.
+    std::fs::write(
+        &bad,
+        suite(r#"EXPECT-JUDGE greets" rubric="RUBRIC-TEXT on {{ user_context.dya }}"#),
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&bad).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("undefined template variable `user_context.dya`")
+            && said.contains("bad.kdl:10:"),
+        "{said}"
+    );
+    // A judge's own default rubric serves every scenario: it has no scope to render in.
+    let text = std::fs::read_to_string(&good).unwrap().replace(
+        r#"judge "main" provider="fake""#,
+        r#"judge "main" provider="fake" rubric="Grade it on {{ user_context.day }}""#,
+    );
+    std::fs::write(&bad, text).unwrap();
+    let o = trellis().arg("check").arg(&bad).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("a judge's default rubric is not a template") && said.contains("bad.kdl:4:"),
+        "{said}"
+    );
+}
+
+/// In a `for-each` scenario a check's `rubric=` is rendered with the row, as its statement
+/// is: the judge is instructed with the row's values, and the record's criterion, which
+/// quotes the rubric, says what the judge read.
+#[tokio::test]
+async fn a_judge_rubric_reads_the_row_of_a_for_each_instance() {
+    let pass = r#"{"score": 1, "passed": true, "label": "pass", "justification": "ok"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(pass)])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rows.jsonl"),
+        "{\"tone\": \"FORMAL-TONE\"}\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("rows.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+dataset "rows" path="rows.jsonl"
+scenario "greet" for-each="rows" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "the agent greets" rubric="Grade whether the register is {{{{ row.tone }}}}"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = run(&suite, &out, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let sent: String = fake
+        .seen()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        sent.contains("Grade whether the register is FORMAL-TONE") && !sent.contains("{{"),
+        "{sent}"
+    );
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let criteria: Vec<String> = strings(&c, "criterion").into_iter().flatten().collect();
+    assert!(
+        criteria
+            .iter()
+            .any(|s| s.contains("rubric=\"Grade whether the register is FORMAL-TONE\"")),
+        "{criteria:?}"
     );
 }
 

@@ -192,7 +192,19 @@ impl<'f> Decoder<'f> {
                     .prop("threshold")
                     .and_then(|e| self.number(e, Some((0.0, 1.0))));
                 let judge = v.prop("judge").and_then(|e| self.spanned_string(e));
-                let rubric = v.prop("rubric").and_then(|e| self.rubric(e));
+                let rubric = v.prop("rubric").and_then(|e| {
+                    let rubric = self.rubric(e)?;
+                    if template::is_template(&rubric) {
+                        templates.push(CriterionTemplate {
+                            slot: ValueSlot::JudgeRubric,
+                            template: Template {
+                                source: rubric.clone(),
+                                span: self.span(value_span(e)),
+                            },
+                        });
+                    }
+                    Some(rubric)
+                });
                 CriterionKind::Judge {
                     criterion: criterion.value,
                     threshold,

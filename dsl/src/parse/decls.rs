@@ -391,7 +391,28 @@ impl<'f> Decoder<'f> {
         let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
-        let rubric = s.value("rubric").and_then(|e| self.rubric(e));
+        let rubric = s.value("rubric").and_then(|e| {
+            let rubric = self.rubric(e)?;
+            // A judge serves every scenario: there is no one scope to render it in, and its
+            // text would reach the judge with the braces in it.
+            if crate::template::is_template(&rubric) {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "a judge's default rubric is not a template",
+                        value_span(e),
+                        "template syntax here",
+                    )
+                    .with_help(
+                        "write it as plain text; a rubric that reads the conversation's values \
+                         belongs on the check (`judge \"…\" rubric=\"…\"`) or on the scenario \
+                         (`criteria-override \"…\"`), where it is rendered in their scope",
+                    );
+                self.report(d);
+                return None;
+            }
+            Some(rubric)
+        });
         let threshold = self.s_number(&s, "threshold", (0.0, 1.0));
         let Some(provider) = provider else {
             self.info.declare(RefKind::Judge, &id.value);
