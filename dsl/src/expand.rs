@@ -393,6 +393,11 @@ pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Dia
         .collect();
     for (si, suite) in project.suites.iter_mut().enumerate() {
         for sc in &mut suite.scenarios {
+            for need in &sc.needs {
+                if let Some(d) = missing_instance(&names, si, need, &expanded, &project.files) {
+                    diags.push(d);
+                }
+            }
             let touches = sc
                 .needs
                 .iter()
@@ -433,6 +438,54 @@ fn target<'e>(
     expanded
         .get(&(si, need.to_string()))
         .map(|ids| (String::new(), ids))
+}
+
+/// The error of a `need` that names one instance (`m[model=a]`, as `check` lets through
+/// for a `for-each` or `matrix` scenario `m`) that its scenario did not expand into.
+fn missing_instance(
+    names: &HashMap<String, usize>,
+    si: usize,
+    need: &Spanned<String>,
+    expanded: &HashMap<(usize, String), Vec<String>>,
+    files: &[SourceFile],
+) -> Option<Diagnostic> {
+    let (suite, id) = match crate::graph::split_reference(&need.value) {
+        Some((suite, id)) => (*names.get(suite)?, id),
+        None => (si, need.value.as_str()),
+    };
+    let base = crate::graph::instance_base(id)?;
+    let ids = expanded.get(&(suite, base.to_string()))?;
+    if ids.iter().any(|i| i == id) {
+        return None;
+    }
+    let help = match crate::diagnostics::did_you_mean(id, ids.iter().map(String::as_str)) {
+        Some(best) => format!("did you mean `{best}`?"),
+        None => {
+            let shown: Vec<String> = ids.iter().take(5).map(|i| format!("`{i}`")).collect();
+            let more = ids.len().saturating_sub(shown.len());
+            format!(
+                "`{base}` has {} instance{}: {}{}; `needs \"{base}\"` waits for all of them",
+                ids.len(),
+                if ids.len() == 1 { "" } else { "s" },
+                shown.join(", "),
+                if more > 0 {
+                    format!(", and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        }
+    };
+    Some(
+        Diagnostic::at_span(
+            Kind::UndefinedReference,
+            format!("scenario `{base}` has no instance `{id}`"),
+            files,
+            need.span,
+            "no instance with this id",
+        )
+        .with_help(help),
+    )
 }
 
 /// The `row.NAME` columns a template reads by name (`{{ row.id }}`, `row.id | upper`).

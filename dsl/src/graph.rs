@@ -300,26 +300,32 @@ pub enum NeedError {
 /// even `x[1`) and so may a matrix value in an instance's id (`s[model=openai/gpt-4o]`).
 /// `None` for a bare `ID`.
 pub fn split_reference(reference: &str) -> Option<(&str, &str)> {
-    let mut head = reference;
-    if reference.ends_with(']') {
-        // The `[` that opens the trailing `[…]`.
-        let mut depth = 0usize;
-        for (i, c) in reference.char_indices().rev() {
-            match c {
-                ']' => depth += 1,
-                '[' => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        head = &reference[..i];
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
+    let head = instance_base(reference).unwrap_or(reference);
     let at = head.rfind('/')?;
     Some((&reference[..at], &reference[at + 1..]))
+}
+
+/// `reference` without the trailing `[…]` of an instance's id (`refund[A17,model=a/b]` is
+/// `refund`); `None` when it has none.
+pub fn instance_base(reference: &str) -> Option<&str> {
+    if !reference.ends_with(']') {
+        return None;
+    }
+    // The `[` that opens the trailing `[…]`.
+    let mut depth = 0usize;
+    for (i, c) in reference.char_indices().rev() {
+        match c {
+            ']' => depth += 1,
+            '[' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(&reference[..i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Resolves the `needs` references of one project: `ID` is a scenario of the suite the

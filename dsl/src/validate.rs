@@ -1780,7 +1780,21 @@ impl<'p> Validator<'p> {
             Err(NeedError::UnknownSuite { .. }) => None,
             Err(NeedError::UnknownScenario { suite, .. }) => Some(suite),
         };
-        let cross = need.value.contains('/');
+        let (cross, id) = match crate::graph::split_reference(&need.value) {
+            Some((_, id)) => (true, id),
+            None => (false, need.value.as_str()),
+        };
+        // One instance of a `for-each` or `matrix` scenario (`m[model=a]`): instances exist
+        // once the suite is expanded, which says when there is no such one (expand.rs).
+        if let (Some(si), Some(base)) = (target_suite, crate::graph::instance_base(id))
+            && let Some(ci) = p.suites.get(si).and_then(|s| {
+                s.scenarios.iter().position(|sc| {
+                    sc.id.value == base && (sc.for_each.is_some() || !sc.matrix.is_empty())
+                })
+            })
+        {
+            return Some((si, ci));
+        }
         // A file that did not parse may hold the scenario, in this suite or another; a
         // scenario of that id in another suite is still worth naming.
         let elsewhere_exists = !cross
@@ -1820,10 +1834,26 @@ impl<'p> Validator<'p> {
             .suites
             .iter()
             .find(|s| !cross && s.scenarios.iter().any(|sc| sc.id.value == need.value));
+        // `x[…]` where `x` is a scenario of one instance: the scenario as written.
+        let plain = target_suite
+            .zip(crate::graph::instance_base(id))
+            .filter(|&(si, base)| {
+                p.suites
+                    .get(si)
+                    .is_some_and(|s| s.scenarios.iter().any(|sc| sc.id.value == base))
+            });
         let help = match (
             target_suite,
             did_you_mean(&need.value, refs.iter().copied()),
         ) {
+            _ if plain.is_some() => {
+                let base = plain.map_or("", |(_, base)| base);
+                let written = need.value.len() - id.len() + base.len();
+                format!(
+                    "`{base}` has no `for-each` or `matrix`, so no instances: write `needs \"{}\"`",
+                    &need.value[..written]
+                )
+            }
             _ if elsewhere.is_some() => {
                 let suite_name = elsewhere.map_or("", |s| s.name.as_str());
                 format!(

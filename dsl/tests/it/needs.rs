@@ -111,3 +111,64 @@ fn a_bare_id_never_reaches_into_another_suite() {
     );
     assert!(d.file.is_some(), "the diagnostic points into z.kdl");
 }
+
+/// `needs "m[model=a]"` waits for that one instance of a `matrix` (or `for-each`) scenario,
+/// in the same suite or another (whose instance ids may hold `/`); an instance the scenario
+/// does not expand into, and `[…]` on a scenario without instances, are errors at the
+/// reference that say what there is.
+#[test]
+fn a_need_may_name_one_instance_and_a_missing_one_is_an_error() {
+    let m = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "m" {
+    matrix { model "a" "openai/gpt-4o-mini"; }
+    user "hi {{ vars.model }}"
+}
+scenario "after" { needs "m[model=openai/gpt-4o-mini]"; user "hi"; }
+"#;
+    let z = r#"scenario "later" { needs "m/m[model=a]"; user "hi"; }"#;
+    let (_dir, result) = load_files(&[("m.kdl", m), ("z.kdl", z)]);
+    let p = result.unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let graph = NeedsGraph::build(&p);
+    let mut edges: Vec<((usize, usize), (usize, usize))> = graph
+        .graph
+        .edge_indices()
+        .filter_map(|e| graph.graph.edge_endpoints(e))
+        .map(|(a, b)| (graph.graph[a], graph.graph[b]))
+        .collect();
+    edges.sort();
+    let mut expected = vec![
+        (
+            index(&p, "m", "m[model=openai/gpt-4o-mini]"),
+            index(&p, "m", "after"),
+        ),
+        (index(&p, "m", "m[model=a]"), index(&p, "z", "later")),
+    ];
+    expected.sort();
+    assert_eq!(edges, expected);
+
+    let z = r#"
+scenario "later" { needs "m/m[model=b]"; user "hi"; }
+scenario "plain" { user "hi"; }
+scenario "other" { needs "plain[x]"; user "hi"; }
+"#;
+    let (_dir, result) = load_files(&[("m.kdl", m), ("z.kdl", z)]);
+    let diags = result.expect_err("no such instances");
+    let said: Vec<(String, Option<String>)> = diags
+        .iter()
+        .map(|d| (d.message.clone(), d.help_text().map(str::to_owned)))
+        .collect();
+    assert!(
+        said.iter()
+            .any(|(m, h)| m == "undefined scenario `plain[x]` in `needs`"
+                && h.as_deref()
+                    .is_some_and(|h| h.contains("write `needs \"plain\"`"))),
+        "{said:?}"
+    );
+    assert!(
+        said.iter()
+            .any(|(m, h)| m == "scenario `m` has no instance `m[model=b]`"
+                && h.as_deref() == Some("did you mean `m[model=a]`?")),
+        "{said:?}"
+    );
+}
