@@ -590,12 +590,17 @@ impl Plan {
                 .filter(|key| !scenario_index.contains_key(key))
                 .map(|&(dsi, dci)| {
                     let dep = &project.suites[dsi].scenarios[dci];
+                    let id = if dsi == si {
+                        dep.id.value.clone()
+                    } else {
+                        format!("{}/{}", project.suites[dsi].name, dep.id.value)
+                    };
                     let status = match dep.status {
                         Status::Draft => "a draft",
                         Status::Archived => "archived",
                         Status::Active => "not selected",
                     };
-                    (dep.id.value.clone(), status)
+                    (id, status)
                 })
                 .collect();
         }

@@ -148,6 +148,77 @@ print("ok", t.num_rows, failed.num_rows)
     );
 }
 
+/// A scenario skipped for a need of another suite names it as its `needs` is written,
+/// `SUITE/ID`: two suites may each have a `login`, and the bare id named the wrong one.
+#[tokio::test]
+async fn a_need_of_another_suite_is_named_with_its_suite_in_the_skip_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("base.kdl"),
+        r#"agent "demo" protocol="connexity" builtin="booking"
+scenario "login" {
+    user "Hi"
+    expect reply contains="this will fail"
+}
+scenario "wip" {
+    status "draft"
+    user "Hi"
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("flows.kdl"),
+        r#"scenario "login" {
+    user "Hi"
+    expect no-error
+}
+scenario "order" {
+    needs "base/login" "login"
+    user "Hi"
+    expect no-error
+}
+scenario "draft-user" {
+    needs "base/wip"
+    user "Hi"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let reasons: Vec<(Option<String>, Option<String>)> = strings(&t, "scenario")
+        .into_iter()
+        .zip(strings(&t, "skip_reason"))
+        .collect();
+    let reason = |scenario: &str| {
+        reasons
+            .iter()
+            .find(|(s, _)| s.as_deref() == Some(scenario))
+            .and_then(|(_, r)| r.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        reason("order"),
+        "needs `base/login`, which did not pass",
+        "{reasons:?}"
+    );
+    assert!(
+        reason("draft-user").starts_with("needs `base/wip`, which is a draft"),
+        "{reasons:?}"
+    );
+}
+
 /// A draft stays out of a run even when an active scenario needs it: the scenario that
 /// needs it is skipped, saying so, and a selection that matches only drafts names them.
 #[tokio::test]

@@ -286,14 +286,14 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // scenario needs have a channel (each is a few hundred bytes, and a generated suite or a
     // dataset has tens of thousands of scenarios and usually no `needs`), and their ids, for
     // the reason a scenario that needs one is skipped.
-    let mut needed: Vec<Option<String>> = vec![None; scenarios.len()];
+    let mut needed: Vec<Option<(Arc<str>, String)>> = vec![None; scenarios.len()];
     for planned in scenarios.iter().flatten() {
         for &need in &planned.needs {
             if let Some(slot) = needed.get_mut(need) {
                 *slot = scenarios
                     .get(need)
                     .and_then(Option::as_ref)
-                    .map(|n| n.scenario.id.value.clone());
+                    .map(|n| (n.suite.clone(), n.scenario.id.value.clone()));
             }
         }
     }
@@ -639,8 +639,8 @@ impl Totals {
     }
 }
 
-/// A scenario another needs: its id, and whether it passed once it has ended.
-type Need = (String, watch::Receiver<Option<bool>>);
+/// A scenario another needs: its suite and id, and whether it passed once it has ended.
+type Need = ((Arc<str>, String), watch::Receiver<Option<bool>>);
 
 /// Runs every unit of one scenario; returns whether all its trajectories passed. The
 /// scenario's plan is freed when this and its units are done with it.
@@ -671,7 +671,17 @@ async fn run_scenario(
     if !failed_needs.is_empty() || !planned.inactive_needs.is_empty() {
         let mut reasons = Vec::new();
         if !failed_needs.is_empty() {
-            let listed: Vec<String> = failed_needs.iter().map(|n| format!("`{n}`")).collect();
+            // Named as the `needs` that reaches it is written: by suite when in another.
+            let listed: Vec<String> = failed_needs
+                .iter()
+                .map(|(suite, id)| {
+                    if *suite == planned.suite {
+                        format!("`{id}`")
+                    } else {
+                        format!("`{suite}/{id}`")
+                    }
+                })
+                .collect();
             reasons.push(format!("needs {}, which did not pass", listed.join(", ")));
         }
         for (id, status) in &planned.inactive_needs {
