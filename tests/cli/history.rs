@@ -913,6 +913,44 @@ async fn a_comparison_lists_twenty_rows_gating_ones_first_and_counts_the_rest() 
     assert_eq!(c["branches"].as_array().unwrap().len(), 41, "{c}");
 }
 
+/// A head run stopped part-way checked fewer repetitions because it was stopped: the
+/// comparison fails for the stop, and no note says its fewer repetitions do not fail it.
+#[tokio::test]
+async fn a_stopped_head_run_is_not_said_to_have_fewer_repetitions_that_do_not_fail() {
+    let runs = tempfile::tempdir().unwrap();
+    let base: Vec<Sample> = (0..3).map(|i| sample("kept", i, true, 100.0)).collect();
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &base);
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("kept", 0, true, 100.0)],
+    );
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert!(stdout(&o).contains("fewer repetitions"), "{}", stdout(&o));
+    let journal = runs.path().join("head/journal.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(text.contains("\"turns\":1}}"), "{text}");
+    std::fs::write(
+        &journal,
+        text.replace("\"turns\":1}}", "\"turns\":1,\"interrupted\":true}}"),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("report")
+        .arg(runs.path().join("head"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(text.contains("the head run was stopped"), "{text}");
+    assert!(!text.contains("fewer repetitions"), "{text}");
+    assert!(!text.contains("do not fail the comparison"), "{text}");
+}
+
 /// A run stopped before its work was done holds a head run to part of its plan: refused as
 /// `run --baseline` before anything runs (as `runs pin` refuses it), and a regression of
 /// `compare`, whose JSON says the base was stopped.
