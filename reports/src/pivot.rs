@@ -156,10 +156,11 @@ pub fn cell_text((passed, ran): (u64, u64)) -> (String, String) {
     if ran == 0 {
         return ("-".into(), String::new());
     }
-    let rate = format!("{:.0}%", 100.0 * passed as f64 / ran as f64);
+    let rate = format!(
+        "{}%",
+        crate::stats::percent_label(passed as f64 / ran as f64)
+    );
     let interval = crate::stats::wilson_interval(passed, ran, crate::stats::CONFIDENCE)
-        .map_or_else(String::new, |i| {
-            format!("{:.0}–{:.0}%", i.low * 100.0, i.high * 100.0)
-        });
+        .map_or_else(String::new, |i| format!("{}%", i.label()));
     (rate, interval)
 }

@@ -55,6 +55,35 @@ pub fn percent_label(share: f64) -> String {
     format!("{percent:.4}")
 }
 
+impl Interval {
+    /// The interval as percentages for people, `99.4–99.6` (the `%` is the caller's): both
+    /// bounds with the decimals [`percent_label`] needs for either, and more (up to 4)
+    /// until two different bounds read apart: whole percents wrote 9,950 of 10,000 as
+    /// `99–100`, and 99,500 of 100,000 as `99–99`, an interval of no width.
+    pub fn label(&self) -> String {
+        let decimals_of = |share: f64| {
+            percent_label(share)
+                .split_once('.')
+                .map_or(0, |(_, d)| d.len())
+        };
+        // Exactly 0 or 1 is `0` or `100`, as `percent_label` writes it.
+        let at = |share: f64, decimals: usize| {
+            if share <= 0.0 || share >= 1.0 {
+                percent_label(share)
+            } else {
+                format!("{:.decimals$}", share * 100.0)
+            }
+        };
+        let mut decimals = decimals_of(self.low).max(decimals_of(self.high));
+        let (mut low, mut high) = (at(self.low, decimals), at(self.high, decimals));
+        while low == high && self.low < self.high && decimals < 4 {
+            decimals += 1;
+            (low, high) = (at(self.low, decimals), at(self.high, decimals));
+        }
+        format!("{low}–{high}")
+    }
+}
+
 /// The Wilson score interval for `successes` out of `samples` at `confidence` (0 < c < 1);
 /// `None` without samples. Unlike the normal approximation it stays within [0, 1] and is
 /// honest for small samples and rates near 0 or 1.
@@ -1394,6 +1423,17 @@ mod tests {
         assert_eq!(percent_label(0.0), "0");
         assert_eq!(percent_label(0.67), "67");
         assert_eq!(percent_label(2999.0 / 3000.0), "99.97");
+        let label = |successes, samples| {
+            wilson_interval(successes, samples, CONFIDENCE)
+                .unwrap()
+                .label()
+        };
+        // Bounds that round to one whole percent read apart.
+        assert_eq!(label(9_950, 10_000), "99.3–99.6");
+        assert_eq!(label(5, 10), "24–76");
+        assert_eq!(label(10, 10), "72–100");
+        assert_eq!(label(99_500, 100_000), "99.45–99.54");
+        assert_eq!(label(0, 10_000), "0–0.04");
         assert_eq!(percent_label(0.998_7), "99.9");
         assert_eq!(percent_label(0.001_3), "0.1");
         assert_eq!(percent_label(0.000_001), "0.0001");

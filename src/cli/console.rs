@@ -637,13 +637,7 @@ impl Console {
                                 ran,
                                 trellis_reports::stats::CONFIDENCE,
                             )
-                            .map_or_else(String::new, |i| {
-                                format!(
-                                    " ({}–{}%)",
-                                    trellis_reports::stats::percent_label(i.low),
-                                    trellis_reports::stats::percent_label(i.high)
-                                )
-                            });
+                            .map_or_else(String::new, |i| format!(" ({}%)", i.label()));
                             format!(
                                 "{}%{interval}",
                                 trellis_reports::stats::percent_label(c.passed as f64 / ran as f64)
@@ -850,13 +844,7 @@ impl Console {
                 ran,
                 trellis_reports::stats::CONFIDENCE,
             )
-            .map_or_else(String::new, |i| {
-                format!(
-                    "{}–{}%",
-                    trellis_reports::stats::percent_label(i.low),
-                    trellis_reports::stats::percent_label(i.high)
-                )
-            });
+            .map_or_else(String::new, |i| format!("{}%", i.label()));
             table.add_row(vec![
                 Cell::new(suite),
                 Cell::new(scenario),

@@ -392,12 +392,7 @@ impl Estimate {
         let rate = passed as f64 / ran as f64;
         let interval = wilson_interval(passed, ran, 0.95)?;
         let pct = |x: f64| format!("{}%", crate::stats::percent_label(x));
-        let text = format!(
-            "pass@1 {} (95% CI {}–{})",
-            pct(rate),
-            pct(interval.low),
-            pct(interval.high)
-        );
+        let text = format!("pass@1 {} (95% CI {}%)", pct(rate), interval.label());
         let hats: Vec<String> = (1..=ran.min(10))
             .filter_map(|k| pass_hat_k(ran, passed, k).map(|v| format!("pass^{k} {}", pct(v))))
             .collect();
@@ -871,13 +866,7 @@ fn agent_grids(
                         let view = CountsView::of(c);
                         let ran = c.passed + c.failed + c.errors;
                         let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
-                            .map_or_else(String::new, |i| {
-                                format!(
-                                    "{}–{}%",
-                                    crate::stats::percent_label(i.low),
-                                    crate::stats::percent_label(i.high)
-                                )
-                            });
+                            .map_or_else(String::new, |i| format!("{}%", i.label()));
                         Some(GridCell {
                             rate: view.rate,
                             interval,

@@ -67,7 +67,7 @@ fn html_is_escaped_self_contained_and_in_stable_order() {
     );
     let after = &html[mixed..mixed + 900];
     assert!(
-        after.contains(">pass@1 50% (95% CI 9%–91%)</span>"),
+        after.contains(">pass@1 50% (95% CI 9–91%)</span>"),
         "{after}"
     );
     assert!(after.contains("<span class=\"flaky\""), "{after}");
