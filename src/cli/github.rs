@@ -25,20 +25,48 @@ pub struct Locations(HashMap<(String, String), (PathBuf, usize)>);
 
 impl Locations {
     pub fn of(plan: &Plan, project: &trellis_dsl::Project) -> Option<Self> {
+        let planned = plan.scenarios.iter().map(|s| (&*s.suite, &*s.scenario));
+        Locations::of_scenarios(project, planned)
+    }
+
+    /// Every scenario of `project`, for results recorded elsewhere (`trellis merge`); `None`
+    /// for no project: the annotations then name no file.
+    pub fn of_project(project: Option<&trellis_dsl::Project>) -> Option<Self> {
+        let Some(project) = project else {
+            return (in_a_workflow() || summary_file().is_some())
+                .then(|| Locations(HashMap::new()));
+        };
+        let all = project.suites.iter().flat_map(|suite| {
+            suite
+                .scenarios
+                .iter()
+                .map(move |sc| (suite.name.as_str(), &**sc))
+        });
+        Locations::of_scenarios(project, all)
+    }
+
+    fn of_scenarios<'a>(
+        project: &trellis_dsl::Project,
+        scenarios: impl Iterator<Item = (&'a str, &'a trellis_dsl::Scenario)>,
+    ) -> Option<Self> {
         if !in_a_workflow() && summary_file().is_none() {
             return None;
         }
         let mut at = HashMap::new();
-        for s in &plan.scenarios {
-            let span = s.scenario.id.span;
+        let cwd = std::env::current_dir().ok();
+        for (suite, scenario) in scenarios {
+            let span = scenario.id.span;
             let Some(file) = project.files.get(span.file) else {
                 continue;
             };
             let (line, _) = file.line_col(span.span.offset());
-            at.insert(
-                (s.suite.to_string(), s.scenario.id.value.clone()),
-                (file.path.clone(), line),
-            );
+            // GitHub places an annotation by a path from the repository's root, where the
+            // workflow runs: suites loaded by absolute path (a merge's) are named from it.
+            let path = cwd
+                .as_deref()
+                .and_then(|cwd| file.path.strip_prefix(cwd).ok())
+                .map_or_else(|| file.path.clone(), Path::to_path_buf);
+            at.insert((suite.to_owned(), scenario.id.value.clone()), (path, line));
         }
         Some(Locations(at))
     }

@@ -374,7 +374,22 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             at
         },
     };
+    // The suites the shards were planned from, where they still are as they ran (a merge
+    // job's checkout of the same commit): failures then say where each check is written,
+    // and a workflow's annotations sit on the scenario's line. Without them, neither.
+    let project = super::recorded_suites::recorded(&shards[0].dir, "trellis merge")
+        .ok()
+        .and_then(|(paths, _)| {
+            trellis_dsl::load(&paths, &trellis_engine::protocol::registry::specs()).ok()
+        });
+    let locations = super::github::Locations::of_project(project.as_ref());
     let mut console = Console::new(planned, true, false);
+    if let Some(project) = &project {
+        console.set_sites(Some(std::sync::Arc::new(super::sites::Sites::of_project(
+            project,
+        ))));
+    }
+    drop(project);
     let mut push = |event: &Event| {
         record.push(event);
         console.on_event(event);
@@ -443,34 +458,47 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
         _ => EXIT_FAILED,
     };
-    let Some(base) = &baseline else {
-        return Ok(verdict);
+    let mut comparison = None;
+    let exit = match &baseline {
+        None => verdict,
+        Some(base) if partial => {
+            errln!(
+                "not compared with the baseline (run {}): the merged run is partial, and a \
+                 comparison of part of a plan would read the missing scenarios as removed",
+                base.label()
+            );
+            EXIT_FAILED
+        }
+        // As `run --baseline`: the comparison decides.
+        Some(base) => match super::run::compare_with(base, &out, None, &args.thresholds) {
+            Ok(c) => {
+                outln!("");
+                super::history::print_comparison(&c);
+                let exit = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                comparison = Some(c);
+                exit
+            }
+            Err(message) => {
+                errln!("error: cannot compare with the baseline: {message}");
+                super::run::forget_comparison(&out);
+                EXIT_INCOMPLETE
+            }
+        },
     };
-    if partial {
-        errln!(
-            "not compared with the baseline (run {}): the merged run is partial, and a \
-             comparison of part of a plan would read the missing scenarios as removed",
-            base.label()
+    // In a workflow, the merged run is the one the pull request is told about, as a run's.
+    if let (Some(locations), Some(files)) = (&locations, &files) {
+        super::github::report(
+            locations,
+            &files.stats,
+            &out,
+            baseline
+                .as_ref()
+                .map(|b| b.label())
+                .zip(comparison.as_ref()),
+            false,
         );
-        return Ok(EXIT_FAILED);
     }
-    // As `run --baseline`: the comparison decides.
-    match super::run::compare_with(base, &out, None, &args.thresholds) {
-        Ok(comparison) => {
-            outln!("");
-            super::history::print_comparison(&comparison);
-            Ok(if comparison.regressed {
-                EXIT_FAILED
-            } else {
-                EXIT_OK
-            })
-        }
-        Err(message) => {
-            errln!("error: cannot compare with the baseline: {message}");
-            super::run::forget_comparison(&out);
-            Ok(EXIT_INCOMPLETE)
-        }
-    }
+    Ok(exit)
 }
 
 /// A shard directory's `run.json` and `shard.json`.

@@ -20,21 +20,56 @@ pub struct Sites {
 
 impl Sites {
     pub fn of(plan: &Plan, project: &trellis_dsl::Project) -> Sites {
+        let planned = plan
+            .scenarios
+            .iter()
+            .map(|s| (Arc::clone(&s.suite), Arc::clone(&s.scenario)));
+        Sites::of_scenarios(project.files.clone(), planned)
+    }
+
+    /// Every scenario of `project`, for results recorded elsewhere (`trellis merge`).
+    pub fn of_project(project: &trellis_dsl::Project) -> Sites {
+        let all = project.suites.iter().flat_map(|suite| {
+            let name: Arc<str> = Arc::from(suite.name.as_str());
+            suite
+                .scenarios
+                .iter()
+                .map(move |sc| (Arc::clone(&name), Arc::clone(sc)))
+        });
+        // Loaded from the absolute paths the shards recorded: named from the working
+        // directory, as the paths a run is given are.
+        let cwd = std::env::current_dir().ok();
+        let files = project
+            .files
+            .iter()
+            .cloned()
+            .map(|mut file| {
+                if let Some(relative) = cwd.as_deref().and_then(|c| file.path.strip_prefix(c).ok())
+                {
+                    file.name = relative.to_string_lossy().replace('\\', "/");
+                }
+                file
+            })
+            .collect();
+        Sites::of_scenarios(files, all)
+    }
+
+    fn of_scenarios(
+        files: Vec<SourceFile>,
+        all: impl Iterator<Item = (Arc<str>, Arc<Scenario>)>,
+    ) -> Sites {
         let mut scenarios: Vec<(Arc<str>, Arc<Scenario>)> = Vec::new();
-        for s in &plan.scenarios {
-            // The instances of one scenario are planned one after the other and written
-            // at the same place: the first stands for the rest.
-            let same_as_last = scenarios.last().is_some_and(|(suite, last)| {
-                *suite == s.suite && written_id(last) == written_id(&s.scenario)
-            });
+        for (suite, scenario) in all {
+            // The instances of one scenario come one after the other and are written at the
+            // same place: the first stands for the rest.
+            let same_as_last = scenarios
+                .last()
+                .is_some_and(|(s, last)| *s == suite && written_id(last) == written_id(&scenario));
             if !same_as_last {
-                scenarios.push((Arc::clone(&s.suite), Arc::clone(&s.scenario)));
+                scenarios.push((suite, scenario));
             }
         }
-        Sites {
-            files: project.files.clone(),
-            scenarios,
-        }
+        Sites { files, scenarios }
     }
 
     /// `file:line:column` of each place a result's check (its `criterion` text, on `turn`

@@ -233,12 +233,37 @@ async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_
             );
         }
     }
-    let merged = runner_command(&bash, &merge, &merge_ws, &[])
+    let step_summary = tmp.path().join("step-summary.md");
+    let in_workflow = [
+        ("GITHUB_ACTIONS", "true".to_owned()),
+        ("GITHUB_STEP_SUMMARY", step_summary.display().to_string()),
+    ];
+    let merged = runner_command(&bash, &merge, &merge_ws, &in_workflow)
         .output()
         .await
         .unwrap();
     // The example suites fail on purpose: the merge step is the verdict.
     assert_eq!(merged.status.code(), Some(1), "{}", said(&merged));
+    // The pull request hears of the merged run's failures as of a run's: annotations on the
+    // scenario's line of the suites the shards recorded (here the first job's checkout;
+    // on GitHub every job's is at the same path), the job summary, and each failed check's
+    // place on the console.
+    let out = stdout(&merged);
+    assert!(
+        out.lines().any(|l| l.starts_with("::error file=")
+            && l.contains(
+                "suites/booking.kdl,line=10,title=booking/book-duct-cleaning [demo] failed::"
+            )),
+        "{}",
+        said(&merged)
+    );
+    let written = std::fs::read_to_string(&step_summary).unwrap();
+    assert!(written.starts_with("### Trellis run `"), "{written}");
+    assert!(
+        said(&merged).contains("suites/booking.kdl:"),
+        "{}",
+        said(&merged)
+    );
     assert!(
         stdout(&merged).contains("merged 3 shards of 3"),
         "{}",
