@@ -968,3 +968,58 @@ async fn stopped_during_a_rate_limit_wait(retry_after: &str) -> (String, Vec<Str
     agents.sort();
     (err, agents)
 }
+
+/// A run that a fault stopped before a fork reached none of its branches: the report's
+/// tree does not link the branches to that run's transcript, which has no place for them.
+/// Every in-page link of the report leads somewhere.
+#[tokio::test]
+async fn the_report_links_no_node_to_a_transcript_that_never_reached_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("down.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "down" protocol="connexity" url="http://{}/agent/respond"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "forks" {{
+    agents "down" "demo"
+    user "Hi"
+    branch "a" {{
+        user "A"
+    }}
+    branch "b" {{
+        user "B"
+    }}
+    expect no-error
+}}
+"#,
+            closed_port().await
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let quoted_after = |marker: &str| -> Vec<String> {
+        html.split(marker)
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect()
+    };
+    let ids: std::collections::HashSet<String> = quoted_after(" id=\"").into_iter().collect();
+    let links = quoted_after("href=\"#");
+    assert!(!links.is_empty());
+    let dangling: Vec<&String> = links
+        .iter()
+        .filter(|l| !l.is_empty() && !ids.contains(*l))
+        .collect();
+    assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
+}

@@ -1689,6 +1689,7 @@ fn scenario_view(
             agent: &t.agent,
             repetition: t.repetition,
             failed_at: failure_node(outline, t),
+            nodes: &t.nodes,
         })
         .collect();
     let tree = tree_view(outline, &paths, &anchors, &rendered, &rendered_runs, forks);
@@ -1840,6 +1841,8 @@ struct RenderedRun<'a> {
     agent: &'a str,
     repetition: u32,
     failed_at: Option<String>,
+    /// The nodes its transcript shows: those it reached (a fault ends a run early).
+    nodes: &'a [String],
 }
 
 /// The repetitions of one trajectory, grouped by agent: every repetition as a chip up to
@@ -1949,7 +1952,8 @@ fn tree_view(
         };
         for run in runs {
             let at = anchors.run(name, run.agent, run.repetition);
-            for node in path.iter() {
+            // Only the nodes it reached: its transcript has no place for the others.
+            for node in path.iter().filter(|node| run.nodes.contains(node)) {
                 let (failed, first) = links.entry(node.as_str()).or_default();
                 if failed.is_none() && run.failed_at.as_deref() == Some(node.as_str()) {
                     *failed = Some(anchors.node(&at, node));
