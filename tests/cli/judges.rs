@@ -369,6 +369,19 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
         codes.iter().flatten().collect::<Vec<_>>(),
         [&"asked_twice".to_string()]
     );
+    // The report shows each metric's score and reasons under its check, the low one marked.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains(
+            "<tr class=\"low\"><td><code>information_gathering</code></td><td class=\"n\">2&#x2f;5</td>\
+             <td>ok <code>asked_twice</code></td><td>seen</td></tr>"
+        ),
+        "{}",
+        html.split("<table class=\"metrics\">")
+            .nth(1)
+            .unwrap_or("no metrics table")
+    );
+    assert!(html.contains("<td><code>tool_routing</code></td><td class=\"n\">5&#x2f;5</td>"));
 
     // The key is in no file of the run, though the server echoed it back.
     for entry in std::fs::read_dir(&out).unwrap() {

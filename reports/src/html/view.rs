@@ -442,6 +442,21 @@ pub(crate) struct CheckView {
     kind: String,
     place: Option<String>,
     detail: Option<Text>,
+    /// A multi-metric rubric's scores (Connexity's eight), each with the judge's reasons.
+    metrics: Vec<MetricView>,
+}
+
+/// One metric of a judged check's rubric, as the judge scored it.
+#[derive(Serialize)]
+pub(crate) struct MetricView {
+    metric: String,
+    /// `4/5`.
+    score: String,
+    /// Below the pass mark of the scale's middle (under 3 of 5): drawn as a failure.
+    low: bool,
+    label: Option<String>,
+    failure_code: Option<String>,
+    justification: Option<Text>,
 }
 
 #[derive(Serialize)]
@@ -1103,6 +1118,28 @@ fn check_view(c: &CriterionRecord, forks_at: &dyn Fn(u32) -> Option<String>) -> 
             None => format!("turn {i}"),
         }),
         detail: c.detail.as_deref().map(Text::new),
+        metrics: c
+            .judge
+            .iter()
+            .flat_map(|j| &j.metrics)
+            .map(|m| MetricView {
+                metric: m.metric.clone(),
+                score: format!("{}/5", trim_number(m.score)),
+                low: m.score < 3.0,
+                label: m.label.clone(),
+                failure_code: m.failure_code.clone(),
+                justification: m.justification.as_deref().map(Text::new),
+            })
+            .collect(),
+    }
+}
+
+/// `4` for 4.0, `3.5` for 3.5: scores as people write them.
+fn trim_number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
     }
 }
 
