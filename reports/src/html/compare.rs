@@ -250,14 +250,23 @@ fn rate_cell(rate: &CompareRate) -> CellView {
 }
 
 fn metric_value(metric: &str, value: Option<f64>) -> String {
+    metric_value_in(metric, value, value.is_some_and(|v| v.abs() >= 1000.0))
+}
+
+/// `value` of `metric`; a duration (`*_ms`) in seconds when `seconds`, so that a row's
+/// base, head and change share a unit (`950 ms` beside `1.05 s` and a change of `+100 ms`
+/// read as three scales), and with a decimal under 10 ms (a change of 0.3 ms is not `+0`).
+fn metric_value_in(metric: &str, value: Option<f64>, seconds: bool) -> String {
     match value {
         None => "–".to_owned(),
         Some(v) if !v.is_finite() => "–".to_owned(),
         Some(v) if metric.ends_with("_ms") => {
-            if v.abs() < 1000.0 {
-                format!("{v:.0} ms")
-            } else {
+            if seconds {
                 format!("{:.2} s", v / 1000.0)
+            } else if v.abs() < 10.0 && v != 0.0 {
+                format!("{v:.1} ms")
+            } else {
+                format!("{v:.0} ms")
             }
         }
         Some(v) if metric == "pass_rate" => format!("{:.1}%", v * 100.0),
@@ -269,8 +278,12 @@ fn metric_value(metric: &str, value: Option<f64>) -> String {
 fn metric_row(index: usize, m: &CompareMetric) -> RowView {
     // Latency and tokens are better lower; rates and scores higher.
     let higher_is_better = !(m.metric.ends_with("_ms") || m.metric.contains("token"));
+    let seconds = [m.base, m.head]
+        .into_iter()
+        .flatten()
+        .any(|v| v.is_finite() && v.abs() >= 1000.0);
     let delta = m.delta.map_or_else(String::new, |d| {
-        let magnitude = metric_value(&m.metric, Some(d.abs()));
+        let magnitude = metric_value_in(&m.metric, Some(d.abs()), seconds);
         let sign = if d < 0.0 { "−" } else { "+" };
         if m.metric == "pass_rate" {
             format!("{sign}{:.1} pts", d.abs() * 100.0)
@@ -302,8 +315,8 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
             })
             .unwrap_or_default(),
         cell: CellView {
-            base: metric_value(&m.metric, m.base),
-            head: metric_value(&m.metric, m.head),
+            base: metric_value_in(&m.metric, m.base, seconds),
+            head: metric_value_in(&m.metric, m.head, seconds),
             delta,
             direction: direction(m.delta, higher_is_better, &m.verdict),
             p_value: p_value(m.p_value),
@@ -440,5 +453,39 @@ mod tests {
         assert_eq!(context("mean_score", 0.0), "threshold 0 pts");
         assert_eq!(context("mean_score", 0.5), "threshold −0.5 pts");
         assert_eq!(context("latency_mean_ms", 20.0), "threshold +20%");
+    }
+
+    /// A latency row's base, head and change share one unit, and a change under a
+    /// millisecond is not `+0 ms`.
+    #[test]
+    fn a_latency_row_reads_in_one_unit() {
+        let cells = |base: f64, head: f64| {
+            let m = CompareMetric {
+                metric: "latency_mean_ms".to_owned(),
+                base: Some(base),
+                head: Some(head),
+                delta: Some(head - base),
+                verdict: "regressed".to_owned(),
+                ..Default::default()
+            };
+            let c = metric_row(0, &m).cell;
+            (c.base, c.head, c.delta)
+        };
+        assert_eq!(
+            cells(950.0, 1050.0),
+            (
+                "0.95 s".to_owned(),
+                "1.05 s".to_owned(),
+                "+0.10 s".to_owned()
+            )
+        );
+        assert_eq!(
+            cells(12.0, 12.3),
+            ("12 ms".to_owned(), "12 ms".to_owned(), "+0.3 ms".to_owned())
+        );
+        assert_eq!(
+            cells(40.0, 31.0),
+            ("40 ms".to_owned(), "31 ms".to_owned(), "−9.0 ms".to_owned())
+        );
     }
 }
