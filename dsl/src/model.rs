@@ -648,13 +648,30 @@ pub struct Agent {
     pub span: Span,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Persona {
     pub id: Spanned<String>,
     pub kind: String,
     pub description: Option<String>,
     pub instructions: Option<String>,
+    /// `description` and `instructions` where they are written as templates, with their
+    /// place: each scenario that plays the persona fills them in from its own scope.
+    pub templates: Vec<Template>,
     pub span: Span,
+}
+
+/// Without `templates`, which the texts already say: the debug form is what fingerprints
+/// hash (engine/src/fingerprint.rs), and a run's must not change when a field is derived.
+impl std::fmt::Debug for Persona {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Persona")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("description", &self.description)
+            .field("instructions", &self.instructions)
+            .field("span", &self.span)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -1174,6 +1174,9 @@ impl<'p> Validator<'p> {
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
             self.criterion(&cx, c, &at_end);
         }
+        if let Some(persona) = &sc.persona {
+            self.persona_templates(&cx, persona, &BTreeSet::new());
+        }
         // Its `criteria-override` is rendered for the judge before the run, in the
         // scenario's scope without captures (engine/src/render.rs, `judge_texts_rendered`).
         if let Some(o) = &sc.criteria_override
@@ -1237,6 +1240,42 @@ impl<'p> Validator<'p> {
                         );
                         self.diags.push(d);
                     }
+                }
+            }
+        }
+    }
+
+    /// A persona's `description` and `instructions` written as templates, in the scope of
+    /// what plays it: the scenario's persona before any capture (it is filled in when the
+    /// run is planned), a branch's with the captures made before its `simulate` step
+    /// (`captured`). A persona several scenarios play is checked with each, a problem
+    /// reported once, naming the first scenario it was found with.
+    fn persona_templates(
+        &mut self,
+        cx: &StepCx,
+        persona: &PersonaRef,
+        captured: &BTreeSet<String>,
+    ) {
+        let p = self.project;
+        let persona = match persona {
+            PersonaRef::Named(id) => match p.personas.iter().find(|p| p.id.value == id.value) {
+                Some(persona) => persona,
+                None => return,
+            },
+            PersonaRef::Inline(persona) => &**persona,
+        };
+        for t in &persona.templates {
+            let before = self.diags.len();
+            self.template(cx, t, captured);
+            let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
+            for mut d in found {
+                let key = (t.span.file, t.span.span.offset(), d.message.clone());
+                if self.turn_template_problems.insert(key) {
+                    d.message = format!(
+                        "{} (persona `{}`, played in scenario `{}`)",
+                        d.message, persona.id.value, cx.scenario.id.value
+                    );
+                    self.diags.push(d);
                 }
             }
         }
@@ -1520,6 +1559,9 @@ impl<'p> Validator<'p> {
                     }
                     if let Some(PersonaRef::Named(name)) = persona.as_deref() {
                         self.reference(RefKind::Persona, name);
+                    }
+                    if let Some(persona) = persona.as_deref() {
+                        self.persona_templates(cx, persona, &captured);
                     }
                 }
                 StepKind::Hitl { message: None, .. } | StepKind::Simulate { .. } => {}

@@ -11,7 +11,7 @@
 //! the planner (which records those trajectories and checks as skipped) and `trellis check`
 //! (which warns about them through [`warnings`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -543,8 +543,30 @@ impl Plan {
                 .map_err(template_error)?;
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
-            let scope = ScenarioScope::new(Arc::clone(sc), persona, &env);
-            let scenario = crate::render::judge_texts_rendered(sc, &templates, &scope);
+            let mut scope = ScenarioScope::new(Arc::clone(sc), persona.clone(), &env);
+            // A persona written with templates is played as the scenario fills it in, before
+            // any capture (`trellis check` refuses a read of one there): by the simulated
+            // user, in the judges' prompts and as `persona.*`.
+            let mut filled_in = None;
+            if let Some(p) = &persona {
+                let rendered = crate::render::persona_rendered(p, |text| {
+                    templates.render_source(text, || scope.with_vars(&BTreeMap::new()))
+                })
+                .map_err(|error| PlanError::Template {
+                    scenario: sc.id.value.clone(),
+                    error,
+                })?;
+                if !Arc::ptr_eq(p, &rendered) {
+                    scope = ScenarioScope::new(Arc::clone(sc), Some(Arc::clone(&rendered)), &env);
+                    filled_in = Some(rendered);
+                }
+            }
+            let mut scenario = crate::render::judge_texts_rendered(sc, &templates, &scope);
+            if let Some(rendered) = filled_in {
+                Arc::make_mut(&mut scenario).persona = Some(trellis_dsl::PersonaRef::Inline(
+                    Box::new(trellis_dsl::Persona::clone(&rendered)),
+                ));
+            }
             let planned = PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
                 scope,

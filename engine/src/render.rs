@@ -697,6 +697,30 @@ pub fn judge_texts_rendered(
     Arc::new(rendered)
 }
 
+/// `persona` with its `description` and `instructions` rendered where they are written as
+/// templates (`You are {{ user_context.name }}`), by `render`; the same persona when neither
+/// is one. The simulated user, the judges and `persona.*` in templates all read it so.
+pub fn persona_rendered(
+    persona: &Arc<Persona>,
+    render: impl Fn(&str) -> Result<String, RenderError>,
+) -> Result<Arc<Persona>, RenderError> {
+    let is_template = trellis_dsl::template::is_template;
+    let templated = |text: &Option<String>| text.as_deref().is_some_and(is_template);
+    if !templated(&persona.description) && !templated(&persona.instructions) {
+        return Ok(Arc::clone(persona));
+    }
+    let mut rendered = Persona::clone(persona);
+    for text in [&mut rendered.description, &mut rendered.instructions]
+        .into_iter()
+        .flatten()
+    {
+        if is_template(text) {
+            *text = render(text)?;
+        }
+    }
+    Ok(Arc::new(rendered))
+}
+
 /// `sc`'s `expect-tool` calls as a judge is shown them: a string parameter written as a
 /// template rendered by `render` (in the trajectory's scope where the judge is asked, as the
 /// call's own check renders it), so the judge reads `A-1002`, not `{{ user_context.order }}`.

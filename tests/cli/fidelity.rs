@@ -719,3 +719,97 @@ scenario "fine" {{
         "{junit}"
     );
 }
+
+/// A persona written with templates is filled in by the scenario that plays it: the
+/// simulated user is told `user_context`'s values (the scenario's persona, before any
+/// capture) and a branch's persona reads the captures made before its `simulate`; the
+/// judge reads the persona filled in too. `check` places a read that is not in scope at the
+/// persona's text, once for all the scenarios that play it.
+#[tokio::test]
+async fn persona_texts_are_filled_in_by_the_scenario_that_plays_them() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(r#"{"passed": true, "justification": "ok"}"#)],
+        ),
+        Rule::otherwise([Reply::text("Hi, I'd like to book a duct cleaning. [END]")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("personas.kdl");
+    let text = |name_read: &str| {
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="sim-m" api-key-env="FAKE_KEY"
+simulator provider="fake" fidelity=#false
+judge "j" provider="fake"
+persona "homeowner" type="homeowner" {{
+    description "PERSONA-DESC named {{{{ {name_read} }}}} in {{{{ scenario.id }}}}"
+}}
+scenario "filled" {{
+    persona "homeowner"
+    user-context {{ name "Ada" }}
+    outcome "the agent answers"
+    user "Hi"
+    capture "said" regex="([A-Za-z]+)"
+    branch "other" {{
+        simulate turns=1
+    }}
+    branch "inline" {{
+        persona type="caller" {{ instructions "BRANCH-INSTR say {{{{ vars.said }}}}" }}
+        simulate turns=1
+    }}
+}}
+scenario "also" {{
+    persona "homeowner"
+    user-context {{ name "Bo" }}
+    user "Hi"
+    simulate turns=1
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        )
+    };
+    std::fs::write(&path, text("user_context.name")).unwrap();
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let sent: String = fake
+        .seen()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        sent.contains("PERSONA-DESC named Ada in filled")
+            && sent.contains("PERSONA-DESC named Bo in also"),
+        "{sent}\n{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(sent.contains("BRANCH-INSTR say "), "{sent}");
+    assert!(!sent.contains("{{"), "a template reached the LLM: {sent}");
+
+    std::fs::write(&path, text("user_context.nme")).unwrap();
+    let o = trellis().arg("check").arg(&path).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(
+        said.matches("undefined template variable `user_context.nme`")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert!(
+        said.contains("persona `homeowner`, played in scenario `filled`")
+            && said.contains("personas.kdl:7:"),
+        "{said}"
+    );
+}

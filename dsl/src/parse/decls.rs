@@ -136,14 +136,40 @@ impl<'f> Decoder<'f> {
         Some(self.persona_body(v, id))
     }
 
+    /// A persona's `description` and `instructions`, and those of them written as templates.
+    pub(super) fn persona_texts(
+        &mut self,
+        s: &Settings,
+    ) -> (Option<String>, Option<String>, Vec<Template>) {
+        let description = self.s_string(s, "description");
+        let instructions = self.s_string(s, "instructions");
+        let mut templates = Vec::new();
+        for (name, text) in [
+            ("description", &description),
+            ("instructions", &instructions),
+        ] {
+            if let (Some(text), Some(e)) = (text, s.value(name))
+                && crate::template::is_template(text)
+            {
+                templates.push(Template {
+                    source: text.clone(),
+                    span: self.span(value_span(e)),
+                });
+            }
+        }
+        (description, instructions, templates)
+    }
+
     pub(super) fn persona_body(&mut self, v: &View, id: Spanned<String>) -> Persona {
         let s = self.settings_of(v, &lang::decls::PERSONA, "`persona`", &[]);
         let kind = self
             .s_string(&s, "type")
             .unwrap_or_else(|| id.value.clone());
+        let (description, instructions, templates) = self.persona_texts(&s);
         Persona {
-            description: self.s_string(&s, "description"),
-            instructions: self.s_string(&s, "instructions"),
+            description,
+            instructions,
+            templates,
             kind,
             id,
             span: self.span(v.span),

@@ -637,11 +637,13 @@ impl<'f> Decoder<'f> {
             }
             return None;
         };
+        let (description, instructions, templates) = self.persona_texts(&s);
         Some(PersonaRef::Inline(Box::new(Persona {
             id: kind.clone(),
             kind: kind.value,
-            description: self.s_string(&s, "description"),
-            instructions: self.s_string(&s, "instructions"),
+            description,
+            instructions,
+            templates,
             span: self.span(v.span),
         })))
     }

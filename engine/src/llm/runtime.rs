@@ -635,7 +635,9 @@ impl LlmRuntime {
         let instructions =
             simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
                 .map_err(|e| (fault(e.to_string()), Vec::new()))?;
-        let character = self.character(&task, instructions);
+        let character = self
+            .character(&task, instructions)
+            .map_err(|e| (fault(e.to_string()), Vec::new()))?;
         let mut calls = Vec::new();
         let mut last_answer = String::new();
         // Whether the last answer was cut at the token limit (said in the fault).
@@ -736,7 +738,11 @@ impl LlmRuntime {
             simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
                 .ok()
                 .flatten();
-        (self.character(task, instructions).brief(), layered.fidelity)
+        let brief = self.character(task, instructions).map_or_else(
+            |e| format!("(the persona could not be filled in: {e})"),
+            |c| c.brief(),
+        );
+        (brief, layered.fidelity)
     }
 
     /// The simulated user of `task`: the persona it plays (its own, else the scenario's),
@@ -745,24 +751,39 @@ impl LlmRuntime {
         &'a self,
         task: &SimulateTask<'a, T>,
         instructions: Option<String>,
-    ) -> Character<'a> {
+    ) -> Result<Character<'a>, simulator::PromptError> {
         let ctx = self.context(task.scenario, Vec::new());
         let persona = match task.persona {
-            Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
-                kind: p.kind.clone(),
-                description: p.description.clone(),
-                instructions: p.instructions.clone(),
-            }),
+            // A branch's persona is filled in where it is played, in the trajectory's scope
+            // (the scenario's was, when the run was planned).
+            Some(playing) => match self.resolve_persona(playing) {
+                Some(p) => {
+                    let render = |prompt: &'static str, text: &Option<String>| match text {
+                        Some(text) if trellis_dsl::template::is_template(text) => task
+                            .templates
+                            .render_source(text, || task.scope.with_vars(task.vars))
+                            .map(Some)
+                            .map_err(|error| simulator::PromptError { prompt, error }),
+                        _ => Ok(text.clone()),
+                    };
+                    Some(PersonaInfo {
+                        kind: p.kind.clone(),
+                        description: render("persona's description", &p.description)?,
+                        instructions: render("persona's instructions", &p.instructions)?,
+                    })
+                }
+                None => None,
+            },
             None => ctx.persona,
         };
-        Character {
+        Ok(Character {
             persona,
             user_context: ctx.user_context,
             description: ctx.description,
             instructions,
             scope: Some((task.scope, task.vars)),
             history: ctx.history,
-        }
+        })
     }
 
     /// The fidelity judge on one trajectory: the simulated user's `messages` held against

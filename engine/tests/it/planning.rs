@@ -126,14 +126,15 @@ scenario "talk" {
 
 /// A run's start lists every scenario's persona without building the scenario's template
 /// scope (built for each of a dataset's 20,000 instances at once, the scopes were a tenth of
-/// the run's memory); a scope built for rendering is held until released, then built again.
+/// the run's memory; one built to fill in a persona's templates is not the one kept); a
+/// scope built for rendering is held until released, then built again.
 #[test]
 fn the_persona_is_listed_without_building_the_scope_and_a_released_scope_is_rebuilt() {
     let (_dir, project) = load_files(&[(
         "p.kdl",
         r#"
 agent "demo" protocol="connexity" builtin="booking"
-persona "ann" type="polite" description="Ann from {{ env.HOME }}"
+persona "ann" type="polite" description="Ann, in {{ scenario.id }}"
 scenario "s" { persona "ann"; user "Hi {{ persona.id }}"; expect no-error; }
 "#,
     )]);
@@ -149,7 +150,8 @@ scenario "s" { persona "ann"; user "Hi {{ persona.id }}"; expect no-error; }
     let persona = info.scenarios[0].persona.as_ref().expect("persona listed");
     assert_eq!(persona["id"], "ann");
     assert_eq!(persona["type"], "polite");
-    assert_eq!(persona["description"], "Ann from {{ env.HOME }}");
+    // Filled in by the scenario that plays it, as the simulated user reads it.
+    assert_eq!(persona["description"], "Ann, in s");
 
     let rendered = |scope: &trellis_engine::render::ScenarioScope| {
         plan.templates
