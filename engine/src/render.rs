@@ -628,7 +628,9 @@ fn row_of(scenario: &Scenario) -> Option<&serde_json::Map<String, serde_json::Va
 fn scenario_value(scenario: &Scenario) -> serde_json::Value {
     serde_json::json!({
         "id": scenario.id.value,
-        "name": scenario.name,
+        // A scenario without a `name` is named by its id, as the report names it: written
+        // into a message, its `null` reached the agent as the word.
+        "name": scenario.name.as_deref().unwrap_or(&scenario.id.value),
         "description": scenario.description,
         "difficulty": match scenario.difficulty {
             trellis_dsl::Difficulty::Normal => "normal",

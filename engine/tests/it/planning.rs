@@ -167,6 +167,37 @@ scenario "s" { persona "ann"; user "Hi {{ persona.id }}"; expect no-error; }
     assert_eq!(rendered(scope), "ann s");
 }
 
+/// A scenario without a `name` is named by its id in templates, not by the word `null`.
+#[test]
+fn a_scenario_without_a_name_is_named_by_its_id() {
+    let (_dir, project) = load_files(&[(
+        "p.kdl",
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "s" { user "Hi"; expect no-error; }
+scenario "t" { name "The T case"; user "Hi"; expect no-error; }
+"#,
+    )]);
+    let plan = Plan::build_with_env(
+        &project,
+        &Selection::default(),
+        Arc::new(EnvSnapshot::new()),
+    )
+    .unwrap();
+    let names: Vec<String> = plan
+        .scenarios
+        .iter()
+        .map(|s| {
+            plan.templates
+                .render_source("{{ scenario.name }}", || {
+                    s.scope.with_vars(&Default::default())
+                })
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(names, ["s", "The T case"]);
+}
+
 /// A render converts for templates only the variables its template reads: an instance of a
 /// dataset that renders `{{ row.q }}` converts its row, not its scenario, persona or user
 /// context. Each variable reads as before, the render's own `vars` and extra variables
