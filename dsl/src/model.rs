@@ -609,7 +609,7 @@ impl ProtocolSettings {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Agent {
     pub id: Spanned<String>,
     pub protocol: Protocol,
@@ -643,9 +643,38 @@ pub struct Agent {
     /// others the provider whose server runs the agent's own model (each turn holds one of
     /// its slots).
     pub provider: Option<Spanned<String>>,
+    /// `secret-env "NAME"…`: environment variables whose values are secrets of this agent
+    /// (a process agent's inherited API key, a key its `url` carries), redacted wherever it
+    /// echoes them, as the values its headers read.
+    pub secret_env: Vec<Spanned<String>>,
     /// The protocol's own one-value settings as written, for its module.
     pub settings: ProtocolSettings,
     pub span: Span,
+}
+
+/// The derived form without `secret_env`: the debug form is what fingerprints hash
+/// (engine/src/fingerprint.rs), and which variables are redacted changes no conversation,
+/// so declaring one must not make finished runs' trajectories run again.
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("id", &self.id)
+            .field("protocol", &self.protocol)
+            .field("endpoint", &self.endpoint)
+            .field("headers", &self.headers)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("retry_after_send", &self.retry_after_send)
+            .field("concurrency", &self.concurrency)
+            .field("per_shard", &self.per_shard)
+            .field("spans", &self.spans)
+            .field("max_response_size", &self.max_response_size)
+            .field("model", &self.model)
+            .field("provider", &self.provider)
+            .field("settings", &self.settings)
+            .field("span", &self.span)
+            .finish()
+    }
 }
 
 #[derive(Clone)]

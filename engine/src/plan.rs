@@ -241,6 +241,8 @@ pub struct PlannedAgent {
     pub provider: Option<Arc<str>>,
     /// Why this agent's scenarios cannot run yet (protocol not implemented).
     pub unsupported: Option<String>,
+    /// `secret-env`: the environment variables whose values are this agent's secrets.
+    pub secret_env: Vec<String>,
 }
 
 /// An agent's call timeout: its own `timeout`, else, for a model reached through a provider,
@@ -507,6 +509,7 @@ impl Plan {
                     settings,
                     provider: agent.provider.as_ref().map(|p| Arc::from(p.value.as_str())),
                     unsupported,
+                    secret_env: agent.secret_env.iter().map(|n| n.value.clone()).collect(),
                 });
             }
 

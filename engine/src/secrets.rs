@@ -46,8 +46,8 @@ pub use crate::transport::quote::{MIN_SECRET_LEN, secret_spellings as spellings}
 pub struct Secrets(Arc<[String]>);
 
 impl Secrets {
-    /// The values of the environment variables the plan's agent headers read, and the
-    /// providers' API keys: a model echoes a key in a successful answer as readily as a
+    /// The values of the environment variables the plan's agent headers read or its agents
+    /// declare (`secret-env`), and the providers' API keys: a model echoes a key in a successful answer as readily as a
     /// server in an error body (a judge's justification, the reply of a model under test,
     /// a simulated user's message), and those answers are records like any other.
     pub fn of_plan(plan: &Plan) -> Self {
@@ -57,12 +57,17 @@ impl Secrets {
             .iter()
             .flat_map(|agent| agent.headers.iter().chain(&agent.turn_headers))
             .flat_map(|(_, template)| plan.templates.env_names(template));
+        let declared = plan
+            .agents
+            .iter()
+            .flat_map(|agent| agent.secret_env.iter().cloned());
         let keys = plan
             .llm
             .providers
             .iter()
             .filter_map(|p| p.api_key_env.as_ref().map(|var| var.value.clone()));
         let values = headers
+            .chain(declared)
             .chain(keys)
             .filter_map(|name| env.get(&name).cloned());
         Self::new(values)

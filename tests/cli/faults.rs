@@ -1023,3 +1023,89 @@ scenario "forks" {{
         .collect();
     assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
 }
+
+/// A process agent's key reaches it through the environment it inherits, where no header
+/// reads it: `secret-env` declares it a secret, redacted wherever the agent echoes it (its
+/// stderr, its reply) in every file the run writes and on the console.
+#[tokio::test]
+async fn a_declared_secret_env_a_process_echoes_is_redacted_everywhere() {
+    const SECRET: &str = "proc-key-7c1d2e3f4a5b";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("agent.py"),
+        r#"
+import json, os, sys
+json.loads(sys.stdin.read())
+print("debug: key is " + os.environ["PROC_KEY"], file=sys.stderr)
+sys.exit(3)
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("secret.kdl"),
+        r#"agent "proc" protocol="multiagent" command="python3 -u agent.py" cwd="." {
+    secret-env "PROC_KEY" "UNSET_KEY_NAME"
+}
+scenario "echoes" {
+    user "hello"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("secret.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .env("PROC_KEY", SECRET)
+        .env_remove("UNSET_KEY_NAME")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(!console.contains(SECRET), "console: {console}");
+    assert!(
+        crate::journal_text(&out).contains("debug: key is [redacted]"),
+        "the echo was recorded, redacted"
+    );
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        let texts: Vec<String> = if path.extension().is_some_and(|e| e == "parquet") {
+            let df = read_parquet(&path);
+            let mut texts = Vec::new();
+            for column in df.columns() {
+                column_strings(column.as_materialized_series(), &mut texts);
+            }
+            texts
+        } else {
+            vec![String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()]
+        };
+        assert!(
+            !texts.iter().any(|t| t.contains(SECRET)),
+            "{} holds the secret",
+            path.display()
+        );
+    }
+
+    std::fs::write(
+        dir.path().join("bad.kdl"),
+        "agent \"proc\" protocol=\"multiagent\" command=\"python3 agent.py\" {\n    secret-env \"sk-live-123\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("bad.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("invalid environment variable name `sk-live-123`")
+            && said.contains("bad.kdl:2:16"),
+        "{said}"
+    );
+}

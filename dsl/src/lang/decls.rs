@@ -34,7 +34,7 @@ pub static AGENT: NodeSpec = NodeSpec::node("agent", "an agent under test")
     .args(ID)
     .children(Children::Nodes(&AGENT_SETTINGS))
     .repeatable();
-pub static AGENT_SETTINGS: [&NodeSpec; 16] = [
+pub static AGENT_SETTINGS: [&NodeSpec; 17] = [
     &NodeSpec::setting(
         "protocol",
         STRING,
@@ -96,6 +96,11 @@ pub static AGENT_SETTINGS: [&NodeSpec; 16] = [
         "collect the agent's OpenTelemetry spans (OTLP) for its turns",
     ),
     &PER_SHARD,
+    &NodeSpec::setting(
+        "secret-env",
+        &[ArgSpec::new("NAME", ValueType::EnvName, Repeat::Many)],
+        "environment variables whose values are secrets: redacted wherever the agent echoes them",
+    ),
 ];
 
 /// `per-shard #true` on an agent or a provider: its limits are each shard's own instead of

@@ -136,6 +136,16 @@ impl Decoder<'_> {
             .and_then(|e| self.boolean(e))
             .unwrap_or(false);
         let history_entry = s.value("history");
+        let mut secret_env = Vec::new();
+        for set in s.all("secret-env") {
+            for &e in &set.values {
+                if let Some(name) = self.string(e)
+                    && let Some(name) = self.name_of(ValueType::EnvName, name, value_span(e))
+                {
+                    secret_env.push(Spanned::new(name, self.span(value_span(e))));
+                }
+            }
+        }
 
         let protocol = protocol?;
         if let (Some(e), Some(set)) = (history_entry, s.get("history"))
@@ -250,6 +260,7 @@ impl Decoder<'_> {
             max_response_size,
             model,
             provider,
+            secret_env,
             settings,
             span: self.span(v.span),
         };
