@@ -2286,6 +2286,13 @@ async fn a_report_of_thousands_of_instances_draws_the_failures_and_counts_the_re
              row-id \"{{{{ row.id }}}}\"\n\
              user \"Hi, I would like to book a duct cleaning.\"\n\
              expect reply contains=\"{{{{ row.word }}}}\"\n\
+         }}\n\
+         scenario \"big\" {{\n\
+             user \"Hi, I would like to book a duct cleaning.\"\n\
+             branch \"a\" {{ user \"A\"; }}\n\
+             branch \"b\" {{ user \"B\"; }}\n\
+             branch \"c\" {{ user \"C\"; }}\n\
+             expect no-error\n\
          }}\n"
     );
     let dir = project(&suite, &[("rows.csv", csv.as_bytes())]);
@@ -2304,22 +2311,24 @@ async fn a_report_of_thousands_of_instances_draws_the_failures_and_counts_the_re
     for failing in ["many[r100]", "many[r250]"] {
         assert!(html.contains(&format!("<h3>{failing}</h3>")), "{failing}");
     }
-    // Plan order otherwise: the first rows are drawn, the last passing ones are not.
+    // Then the larger: the branching scenario planned last is drawn before the one-turn
+    // instances; then plan order: the first rows are drawn, the last passing ones are not.
+    assert!(html.contains("<h3>big</h3>"));
     assert!(html.contains("<h3>many[r000]</h3>"));
     assert!(!html.contains("<h3>many[r259]</h3>"));
     assert!(
         html.contains(
-            "Not drawn here: 60 of 260 scenarios (every one of their 60 trajectories passed)"
+            "Not drawn here: 61 of 261 scenarios (every one of their 61 trajectories passed)"
         ),
         "{}",
         &html[html.find("Not drawn").unwrap_or(0)..][..300.min(html.len())]
     );
-    assert!(html.contains("… 60 more scenarios not drawn on this page"));
+    assert!(html.contains("… 61 more scenarios not drawn on this page"));
     // The totals count every one.
-    assert!(html.contains("<b>260</b><span>trajectories</span>"));
+    assert!(html.contains("<b>263</b><span>trajectories</span>"));
     assert_eq!(
         read_parquet(&out.join("trajectories.parquet")).height(),
-        260
+        263
     );
 
     // More failures than the page draws: those it has no room for are named in its note.

@@ -1196,7 +1196,8 @@ const MAX_SCENARIO_SECTIONS: usize = 200;
 
 /// Positions in `order` of the scenarios the page draws: all of them when they are few;
 /// else, up to [`MAX_SCENARIO_SECTIONS`], those with a trajectory that did not pass, then
-/// those whose transcripts the page shows, then the rest, each group in `order`.
+/// the rest; in each group the largest (trajectory runs) first, then those whose
+/// transcripts the page shows, then in `order`.
 fn drawn_scenarios(
     page: &Page<'_>,
     order: &[(&str, &str, Option<&ScenarioInfo>)],
@@ -1211,28 +1212,30 @@ fn drawn_scenarios(
         .iter()
         .map(|t| (t.suite.as_str(), t.scenario.as_str()))
         .collect();
-    let rank = |&(suite, scenario, _): &(&str, &str, Option<&ScenarioInfo>)| {
-        if counts
+    let failing = |&(suite, scenario, _): &(&str, &str, Option<&ScenarioInfo>)| {
+        counts
             .get(&(suite, scenario))
             .is_some_and(|c| c.total() > c.passed)
-        {
-            0
-        } else if with_transcripts.contains(&(suite, scenario)) {
-            1
-        } else {
-            2
-        }
     };
-    let mut ranked: Vec<(u8, usize)> = order
+    // The larger first (a branching scenario of 60 trajectories before the one-turn
+    // instances of a dataset, which read alike and whose transcripts the page would
+    // otherwise have picked in plan order), then those whose transcripts the page shows.
+    let size = |&(suite, scenario, _): &(&str, &str, Option<&ScenarioInfo>)| {
+        counts.get(&(suite, scenario)).map_or(0, Counts::total)
+    };
+    let shown = |&(suite, scenario, _): &(&str, &str, Option<&ScenarioInfo>)| {
+        with_transcripts.contains(&(suite, scenario))
+    };
+    let mut ranked: Vec<(bool, std::cmp::Reverse<u64>, bool, usize)> = order
         .iter()
         .enumerate()
-        .map(|(index, s)| (rank(s), index))
+        .map(|(index, s)| (!failing(s), std::cmp::Reverse(size(s)), !shown(s), index))
         .collect();
     ranked.sort_unstable();
     ranked
         .into_iter()
         .take(MAX_SCENARIO_SECTIONS)
-        .map(|(_, index)| index)
+        .map(|(_, _, _, index)| index)
         .collect()
 }
 
