@@ -154,7 +154,7 @@ pub(crate) fn validate_reading_env(
         checked_simulators: HashSet::new(),
         persona_checked: HashSet::new(),
         env_reads: Vec::new(),
-        turn_template_problems: HashSet::new(),
+        shared_template_problems: HashSet::new(),
     };
     v.duplicates();
     v.definitions();
@@ -685,9 +685,10 @@ struct Validator<'p> {
     persona_checked: HashSet<Span>,
     /// Every `env.NAME` a template reads, for [`warnings`].
     env_reads: Vec<Spanned<String>>,
-    /// Problems already reported in a turn-scoped agent template (a `header` value, a
-    /// `system-prompt`; file, offset, message): each scenario of the agent checks it again.
-    turn_template_problems: HashSet<(FileId, usize, String)>,
+    /// Problems already reported in a template several scenarios share (an agent's `header`
+    /// value or `system-prompt`, a persona's texts; file, offset, message): each scenario
+    /// checks it again.
+    shared_template_problems: HashSet<(FileId, usize, String)>,
 }
 
 impl<'p> Validator<'p> {
@@ -1228,19 +1229,33 @@ impl<'p> Validator<'p> {
                 if !template::reads_turn_scope(&value.source) {
                     continue;
                 }
-                let before = self.diags.len();
-                self.template(cx, value, &BTreeSet::new());
-                let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
-                for mut d in found {
-                    let key = (value.span.file, value.span.span.offset(), d.message.clone());
-                    if self.turn_template_problems.insert(key) {
-                        d.message = format!(
-                            "{} ({what} of agent `{}`, sent with every turn of scenario `{}`)",
-                            d.message, agent.id.value, cx.scenario.id.value
-                        );
-                        self.diags.push(d);
-                    }
-                }
+                let whose = format!(
+                    "{what} of agent `{}`, sent with every turn of scenario `{}`",
+                    agent.id.value, cx.scenario.id.value
+                );
+                self.shared_template(cx, value, &BTreeSet::new(), &whose);
+            }
+        }
+    }
+
+    /// Checks `t`, a template several scenarios share (an agent's, a persona's), in `cx`'s
+    /// scope: each problem is reported once, at the first scenario it was found with, which
+    /// `whose` names (appended to the message).
+    fn shared_template(
+        &mut self,
+        cx: &StepCx,
+        t: &Template,
+        captured: &BTreeSet<String>,
+        whose: &str,
+    ) {
+        let before = self.diags.len();
+        self.template(cx, t, captured);
+        let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
+        for mut d in found {
+            let key = (t.span.file, t.span.span.offset(), d.message.clone());
+            if self.shared_template_problems.insert(key) {
+                d.message = format!("{} ({whose})", d.message);
+                self.diags.push(d);
             }
         }
     }
@@ -1264,20 +1279,12 @@ impl<'p> Validator<'p> {
             },
             PersonaRef::Inline(persona) => &**persona,
         };
+        let whose = format!(
+            "persona `{}`, played in scenario `{}`",
+            persona.id.value, cx.scenario.id.value
+        );
         for t in &persona.templates {
-            let before = self.diags.len();
-            self.template(cx, t, captured);
-            let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
-            for mut d in found {
-                let key = (t.span.file, t.span.span.offset(), d.message.clone());
-                if self.turn_template_problems.insert(key) {
-                    d.message = format!(
-                        "{} (persona `{}`, played in scenario `{}`)",
-                        d.message, persona.id.value, cx.scenario.id.value
-                    );
-                    self.diags.push(d);
-                }
-            }
+            self.shared_template(cx, t, captured, &whose);
         }
     }
 

@@ -526,6 +526,20 @@ fn column_strings(series: &Series, out: &mut Vec<String>) {
     }
 }
 
+/// The text of a file a run wrote: a Parquet table's strings, every other file's bytes.
+fn texts_of(path: &std::path::Path) -> Vec<String> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        let df = read_parquet(path);
+        let mut texts = Vec::new();
+        for column in df.columns() {
+            column_strings(column.as_materialized_series(), &mut texts);
+        }
+        texts
+    } else {
+        vec![String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned()]
+    }
+}
+
 /// A secret sent in an agent header, echoed by agents in a reply, a 500 body, on stderr
 /// (as it is, and percent-encoded as a URL's query carries it) and in a crash, appears in
 /// no file the run writes nor on the console.
@@ -602,16 +616,7 @@ scenario "fails" {{
     for entry in std::fs::read_dir(&out).unwrap() {
         let path = entry.unwrap().path();
         files += 1;
-        let texts: Vec<String> = if path.extension().is_some_and(|e| e == "parquet") {
-            let df = read_parquet(&path);
-            let mut texts = Vec::new();
-            for column in df.columns() {
-                column_strings(column.as_materialized_series(), &mut texts);
-            }
-            texts
-        } else {
-            vec![String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()]
-        };
+        let texts = texts_of(&path);
         for spelling in [SECRET, ENCODED, &ENCODED.to_lowercase()] {
             assert!(
                 !texts.iter().any(|t| t.contains(spelling)),
@@ -1073,16 +1078,7 @@ scenario "echoes" {
     );
     for entry in std::fs::read_dir(&out).unwrap() {
         let path = entry.unwrap().path();
-        let texts: Vec<String> = if path.extension().is_some_and(|e| e == "parquet") {
-            let df = read_parquet(&path);
-            let mut texts = Vec::new();
-            for column in df.columns() {
-                column_strings(column.as_materialized_series(), &mut texts);
-            }
-            texts
-        } else {
-            vec![String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()]
-        };
+        let texts = texts_of(&path);
         assert!(
             !texts.iter().any(|t| t.contains(SECRET)),
             "{} holds the secret",

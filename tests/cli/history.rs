@@ -913,6 +913,21 @@ async fn a_comparison_lists_twenty_rows_gating_ones_first_and_counts_the_rest() 
     assert_eq!(c["branches"].as_array().unwrap().len(), 41, "{c}");
 }
 
+/// Makes the one-turn run written by `write_run` in `dir` one that a signal stopped, and
+/// writes its results again from the journal.
+async fn mark_stopped(dir: &std::path::Path) {
+    let journal = dir.join("journal.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(text.contains("\"turns\":1}}"), "{text}");
+    std::fs::write(
+        &journal,
+        text.replace("\"turns\":1}}", "\"turns\":1,\"interrupted\":true}}"),
+    )
+    .unwrap();
+    let o = trellis().arg("report").arg(dir).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 /// A head run stopped part-way checked fewer repetitions because it was stopped: the
 /// comparison fails for the stop, and no note says its fewer repetitions do not fail it.
 #[tokio::test]
@@ -928,21 +943,7 @@ async fn a_stopped_head_run_is_not_said_to_have_fewer_repetitions_that_do_not_fa
     );
     let o = compare(runs.path(), &["base", "head"]).await;
     assert!(stdout(&o).contains("fewer repetitions"), "{}", stdout(&o));
-    let journal = runs.path().join("head/journal.jsonl");
-    let text = std::fs::read_to_string(&journal).unwrap();
-    assert!(text.contains("\"turns\":1}}"), "{text}");
-    std::fs::write(
-        &journal,
-        text.replace("\"turns\":1}}", "\"turns\":1,\"interrupted\":true}}"),
-    )
-    .unwrap();
-    let o = trellis()
-        .arg("report")
-        .arg(runs.path().join("head"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    mark_stopped(&runs.path().join("head")).await;
     let o = compare(runs.path(), &["base", "head"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let text = stdout(&o);
@@ -963,21 +964,7 @@ async fn a_stopped_run_is_no_baseline() {
         "2026-01-01T00:00:00Z",
         &[sample("yes", 0, true, 100.0)],
     );
-    let journal = runs.path().join("stopped/journal.jsonl");
-    let text = std::fs::read_to_string(&journal).unwrap();
-    assert!(text.contains("\"turns\":1}}"), "{text}");
-    std::fs::write(
-        &journal,
-        text.replace("\"turns\":1}}", "\"turns\":1,\"interrupted\":true}}"),
-    )
-    .unwrap();
-    let o = trellis()
-        .arg("report")
-        .arg(runs.path().join("stopped"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    mark_stopped(&runs.path().join("stopped")).await;
     write_run(
         runs.path(),
         "head",
