@@ -528,7 +528,7 @@ impl Plan {
                 scenario: sc.id.value.clone(),
                 error,
             };
-            let (mut nodes, trajectories) =
+            let (mut nodes, mut trajectories) =
                 execution_tree(sc, &protocols, simulator, &mut templates)
                     .map_err(template_error)?;
             // `first-turn "agent"`: the agent speaks before the first scripted step.
@@ -550,18 +550,29 @@ impl Plan {
             // A persona written with templates is played as the scenario fills it in, before
             // any capture (`trellis check` refuses a read of one there): by the simulated
             // user, in the judges' prompts and as `persona.*`.
+            // One that cannot be (an `env` variable not set, which `check` warns about)
+            // leaves the scenario's trajectories skipped, saying why: played as written, the
+            // simulator would read the braces.
             let mut filled_in = None;
             if let Some(p) = &persona {
-                let rendered = crate::render::persona_rendered(p, |text| {
+                match crate::render::persona_rendered(p, |text| {
                     templates.render_source(text, || scope.with_vars(&BTreeMap::new()))
-                })
-                .map_err(|error| PlanError::Template {
-                    scenario: sc.id.value.clone(),
-                    error,
-                })?;
-                if !Arc::ptr_eq(p, &rendered) {
-                    scope = ScenarioScope::new(Arc::clone(sc), Some(Arc::clone(&rendered)), &env);
-                    filled_in = Some(rendered);
+                }) {
+                    Ok(rendered) if !Arc::ptr_eq(p, &rendered) => {
+                        scope =
+                            ScenarioScope::new(Arc::clone(sc), Some(Arc::clone(&rendered)), &env);
+                        filled_in = Some(rendered);
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        let why = format!(
+                            "its persona `{}` could not be filled in: {error}",
+                            p.id.value
+                        );
+                        for t in &mut trajectories {
+                            t.unsupported.get_or_insert_with(|| why.clone());
+                        }
+                    }
                 }
             }
             let mut scenario = crate::render::judge_texts_rendered(sc, &templates, &scope);

@@ -812,4 +812,33 @@ scenario "also" {{
             && said.contains("personas.kdl:7:"),
         "{said}"
     );
+
+    // An `env` variable it reads that is not set: `check` warns, as for any template, and
+    // the run skips the scenarios that play it, saying why, rather than play the braces.
+    std::fs::write(&path, text("env.TRELLIS_TEST_UNSET_NAME")).unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(&path)
+        .env_remove("TRELLIS_TEST_UNSET_NAME")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("unset"))
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .env_remove("TRELLIS_TEST_UNSET_NAME")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&dir.path().join("unset/trajectories.parquet"));
+    let reasons: Vec<Option<String>> = strings(&t, "skip_reason");
+    assert!(
+        reasons.iter().all(|r| r.as_deref()
+            == Some("its persona `homeowner` could not be filled in: environment variable not set: `TRELLIS_TEST_UNSET_NAME`")),
+        "{reasons:?}"
+    );
 }
