@@ -63,6 +63,11 @@ pub struct MergeArgs {
     baseline: Option<String>,
     #[command(flatten)]
     thresholds: super::history::ThresholdArgs,
+    /// `human` (default) or `json`: one JSON object per line on stdout, as `trellis run`
+    /// writes them (`run_started`, `trajectory_finished` for each merged trajectory,
+    /// `run_finished` with the comparison and the exit code) instead of the summary.
+    #[arg(long, value_enum, default_value_t = super::MessageFormat::Human)]
+    message_format: super::MessageFormat,
 }
 
 /// Why shard directories cannot be merged at all (exit 2).
@@ -383,7 +388,8 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             trellis_dsl::load(&paths, &trellis_engine::protocol::registry::specs()).ok()
         });
     let locations = super::github::Locations::of_project(project.as_ref());
-    let mut console = Console::new(planned, true, false);
+    let json = args.message_format == super::MessageFormat::Json;
+    let mut console = Console::new(planned, true, json);
     if let Some(project) = &project {
         console.set_sites(Some(std::sync::Arc::new(super::sites::Sites::of_project(
             project,
@@ -393,6 +399,9 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     let mut push = |event: &Event| {
         record.push(event);
         console.on_event(event);
+        if json {
+            super::run::json_event(event, &out);
+        }
     };
     push(&Event::RunStarted(std::sync::Arc::new(info)));
     let mut agents_seen: HashSet<String> = HashSet::new();
@@ -425,7 +434,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     }
     // A shard whose journal gave nothing (`--allow-partial`) was not merged.
     let merged: Vec<&ShardDir> = shards.iter().filter(|s| s.started.is_some()).collect();
-    outln!(
+    let said = format!(
         "merged {} of {} ({}) into run {run_id}{}",
         count(merged.len() as u64, "shard", "shards"),
         split.count,
@@ -443,6 +452,27 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             String::new()
         }
     );
+    // Under `--message-format json` stdout is the event stream.
+    if json {
+        errln!("{said}");
+    } else {
+        outln!("{said}");
+    }
+    let finished_line = |comparison: Option<&trellis_reports::compare::Comparison>, exit: u8| {
+        if json {
+            let mut line = super::run::run_finished_json(
+                &run_id,
+                &out,
+                summary.as_ref(),
+                baseline.as_ref().map(|b| b.run_id.as_str()),
+                comparison,
+                exit,
+            );
+            line["merged_shards"] = serde_json::json!(merged.len());
+            line["partial"] = serde_json::json!(partial);
+            outln!("{line}");
+        }
+    };
     if !problems.is_empty() {
         errln!("error: results are incomplete:");
         for problem in &problems {
@@ -452,6 +482,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             errln!("not compared with the baseline: the merged run's results are incomplete");
             super::run::forget_comparison(&out);
         }
+        finished_line(None, EXIT_INCOMPLETE);
         return Ok(EXIT_INCOMPLETE);
     }
     let verdict = match &summary {
@@ -472,8 +503,10 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         // As `run --baseline`: the comparison decides.
         Some(base) => match super::run::compare_with(base, &out, None, &args.thresholds) {
             Ok(c) => {
-                outln!("");
-                super::history::print_comparison(&c);
+                if !json {
+                    outln!("");
+                    super::history::print_comparison(&c);
+                }
                 let exit = if c.regressed { EXIT_FAILED } else { EXIT_OK };
                 comparison = Some(c);
                 exit
@@ -495,9 +528,10 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
                 .as_ref()
                 .map(|b| b.label())
                 .zip(comparison.as_ref()),
-            false,
+            json,
         );
     }
+    finished_line(comparison.as_ref(), exit);
     Ok(exit)
 }
 

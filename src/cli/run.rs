@@ -477,28 +477,15 @@ pub fn run(args: RunArgs) -> u8 {
         exit_code = signal.exit_code();
     }
     if json {
-        let s = outcome.summary.as_ref();
-        let event = serde_json::json!({
-            "type": "run_finished",
-            "run_id": run_id,
-            "out": out.display().to_string(),
-            "finished": s.is_some(),
-            "interrupted": s.map(|s| s.interrupted),
-            "trajectories": s.map(|s| s.trajectories),
-            "passed": s.map(|s| s.passed),
-            "failed": s.map(|s| s.failed),
-            "errors": s.map(|s| s.errors),
-            "skipped": s.map(|s| s.skipped),
-            "invalid": s.map(|s| s.invalid),
-            "duration_ms": s.map(|s| s.duration_ms),
-            "connections_redone": s.map(|s| &s.connections_redone),
-            "requests_resent": s.map(|s| &s.requests_resent),
-            "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
-            "shard": chosen.as_ref().map(|c| c.shard.to_string()),
-            "regressed": comparison.as_ref().map(|c| c.regressed),
-            "regressions": comparison.as_ref().map(|c| c.regressions.clone()),
-            "exit_code": exit_code,
-        });
+        let mut event = run_finished_json(
+            &run_id,
+            &out,
+            outcome.summary.as_ref(),
+            baseline.as_ref().map(|b| b.run_id.as_str()),
+            comparison.as_ref(),
+            exit_code,
+        );
+        event["shard"] = serde_json::json!(chosen.as_ref().map(|c| c.shard.to_string()));
         outln!("{event}");
     }
     // The statistics of every scenario, kept for the comparison and the summary: the
@@ -1332,10 +1319,42 @@ impl Reporter {
     }
 }
 
+/// `--message-format json`'s last line: how the run (or a merge of shards) ended, with the
+/// baseline comparison when there was one.
+pub(super) fn run_finished_json(
+    run_id: &str,
+    out: &Path,
+    s: Option<&trellis_engine::record::RunSummary>,
+    baseline: Option<&str>,
+    comparison: Option<&trellis_reports::compare::Comparison>,
+    exit_code: u8,
+) -> serde_json::Value {
+    serde_json::json!({
+        "type": "run_finished",
+        "run_id": run_id,
+        "out": out.display().to_string(),
+        "finished": s.is_some(),
+        "interrupted": s.map(|s| s.interrupted),
+        "trajectories": s.map(|s| s.trajectories),
+        "passed": s.map(|s| s.passed),
+        "failed": s.map(|s| s.failed),
+        "errors": s.map(|s| s.errors),
+        "skipped": s.map(|s| s.skipped),
+        "invalid": s.map(|s| s.invalid),
+        "duration_ms": s.map(|s| s.duration_ms),
+        "connections_redone": s.map(|s| &s.connections_redone),
+        "requests_resent": s.map(|s| &s.requests_resent),
+        "baseline": baseline,
+        "regressed": comparison.map(|c| c.regressed),
+        "regressions": comparison.map(|c| c.regressions.clone()),
+        "exit_code": exit_code,
+    })
+}
+
 /// `--message-format json`: one line per run start and finished trajectory, as cargo's and
 /// nextest's machine-readable output. `run_finished` is printed by [`run`] once the reports
 /// (and the baseline comparison) are done.
-fn json_event(event: &Event, out: &Path) {
+pub(super) fn json_event(event: &Event, out: &Path) {
     let line = match event {
         Event::RunStarted(info) => serde_json::json!({
             "type": "run_started",

@@ -1717,6 +1717,37 @@ async fn merge_with_a_baseline_exits_by_the_comparison() {
             .unwrap();
     assert_eq!(comparison["regressed"], true, "{comparison}");
 
+    // Under `--message-format json`, stdout is `run`'s event stream for the merged run,
+    // ending with its verdict; the human summary goes nowhere near it.
+    let o = trellis()
+        .arg("merge")
+        .arg(tmp.path().join("worse/1"))
+        .arg(tmp.path().join("worse/2"))
+        .args(["--message-format", "json", "--out"])
+        .arg(runs.join("worse-json"))
+        .arg("--baseline")
+        .arg(&base)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let finished = lines.last().unwrap();
+    assert_eq!(lines[0]["type"], "run_started", "{}", said(&o));
+    assert_eq!(finished["type"], "run_finished");
+    assert_eq!(finished["exit_code"], 1);
+    assert_eq!(finished["regressed"], true);
+    assert_eq!(finished["merged_shards"], 2);
+    let trajectories = lines
+        .iter()
+        .filter(|l| l["type"] == "trajectory_finished")
+        .count();
+    assert_eq!(serde_json::json!(trajectories), finished["trajectories"]);
+    assert!(stderr(&o).contains("merged 2 shards of 2"), "{}", said(&o));
+
     // A typo in the baseline fails before anything is merged.
     let o = trellis()
         .arg("merge")
