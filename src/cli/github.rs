@@ -33,8 +33,7 @@ impl Locations {
     /// for no project: the annotations then name no file.
     pub fn of_project(project: Option<&trellis_dsl::Project>) -> Option<Self> {
         let Some(project) = project else {
-            return (in_a_workflow() || summary_file().is_some())
-                .then(|| Locations(HashMap::new()));
+            return wanted().then(|| Locations(HashMap::new()));
         };
         let all = project.suites.iter().flat_map(|suite| {
             suite
@@ -49,7 +48,7 @@ impl Locations {
         project: &trellis_dsl::Project,
         scenarios: impl Iterator<Item = (&'a str, &'a trellis_dsl::Scenario)>,
     ) -> Option<Self> {
-        if !in_a_workflow() && summary_file().is_none() {
+        if !wanted() {
             return None;
         }
         let mut at = HashMap::new();
@@ -74,6 +73,11 @@ impl Locations {
     fn of_scenario(&self, suite: &str, scenario: &str) -> Option<&(PathBuf, usize)> {
         self.0.get(&(suite.to_owned(), scenario.to_owned()))
     }
+}
+
+/// Whether a run's results go to a workflow at all (annotations, the job summary).
+pub fn wanted() -> bool {
+    in_a_workflow() || summary_file().is_some()
 }
 
 fn in_a_workflow() -> bool {

@@ -379,23 +379,8 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             at
         },
     };
-    // The suites the shards were planned from, where they still are as they ran (a merge
-    // job's checkout of the same commit): failures then say where each check is written,
-    // and a workflow's annotations sit on the scenario's line. Without them, neither.
-    let project = super::recorded_suites::recorded(&shards[0].dir, "trellis merge")
-        .ok()
-        .and_then(|(paths, _)| {
-            trellis_dsl::load(&paths, &trellis_engine::protocol::registry::specs()).ok()
-        });
-    let locations = super::github::Locations::of_project(project.as_ref());
     let json = args.message_format == super::MessageFormat::Json;
     let mut console = Console::new(planned, true, json);
-    if let Some(project) = &project {
-        console.set_sites(Some(std::sync::Arc::new(super::sites::Sites::of_project(
-            project,
-        ))));
-    }
-    drop(project);
     let mut push = |event: &Event| {
         record.push(event);
         console.on_event(event);
@@ -424,6 +409,27 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     if let Some(summary) = &summary {
         push(&Event::RunFinished(summary.clone()));
     }
+    // The suites the shards were planned from, where they still are as they ran (a merge
+    // job's checkout of the same commit): failures then say where each check is written,
+    // and a workflow's annotations sit on the scenario's line. Without them, neither.
+    // Loaded only for that: a dataset's suites take a while to expand.
+    let wanted = super::github::wanted()
+        || summary
+            .as_ref()
+            .is_none_or(|s| s.failed + s.errors + s.invalid > 0);
+    let project = wanted
+        .then(|| super::recorded_suites::recorded(&shards[0].dir, "trellis merge").ok())
+        .flatten()
+        .and_then(|(paths, _)| {
+            trellis_dsl::load(&paths, &trellis_engine::protocol::registry::specs()).ok()
+        });
+    let locations = super::github::Locations::of_project(project.as_ref());
+    if let Some(project) = &project {
+        console.set_sites(Some(std::sync::Arc::new(super::sites::Sites::of_project(
+            project,
+        ))));
+    }
+    drop(project);
     let Recorded {
         journal_path,
         files,
