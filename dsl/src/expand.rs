@@ -458,8 +458,10 @@ fn missing_instance(
     if ids.iter().any(|i| i == id) {
         return None;
     }
+    // The suite, as the reference is written (`full/`), goes with what it is told to write.
+    let prefix = &need.value[..need.value.len() - id.len()];
     let help = match crate::diagnostics::did_you_mean(id, ids.iter().map(String::as_str)) {
-        Some(best) => format!("did you mean `{best}`?"),
+        Some(best) => format!("did you mean `{prefix}{best}`?"),
         None => {
             let shown: Vec<String> = ids.iter().take(5).map(|i| format!("`{i}`")).collect();
             let more = ids.len().saturating_sub(shown.len());

@@ -165,10 +165,11 @@ scenario "other" { needs "plain[x]"; user "hi"; }
                     .is_some_and(|h| h.contains("write `needs \"plain\"`"))),
         "{said:?}"
     );
+    // Named from the suite the reference reads, as it is to be written there.
     assert!(
         said.iter()
             .any(|(m, h)| m == "scenario `m` has no instance `m[model=b]`"
-                && h.as_deref() == Some("did you mean `m[model=a]`?")),
+                && h.as_deref() == Some("did you mean `m/m[model=a]`?")),
         "{said:?}"
     );
 }
