@@ -809,6 +809,16 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("2 fortnights ago").is_err());
+        assert_eq!(
+            parse_duration("2x").unwrap_err(),
+            "unknown unit `x`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)"
+        );
+        // Never a panic on a byte offset inside a character.
+        assert!(parse_duration("2é").is_err() && parse_duration("é2s").is_err());
+        assert_eq!(
+            parse_duration("30").unwrap_err(),
+            "a number needs a unit (`ms`, `s`, `m`, `h`)"
+        );
         assert!(parse_duration("").is_err());
     }
 

@@ -141,9 +141,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Parses a duration like `"2s"`, `"500ms"`, `"2m"`, `"1h 30m"`.
+/// Parses a duration like `"2s"`, `"500ms"`, `"2m"`, `"1h 30m"`. Errors are said in the
+/// suite's terms: humantime's own list every unit it knows, months and years included, "and
+/// few variations".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| e.to_string())
+    use humantime::DurationError as E;
+    humantime::parse_duration(s.trim()).map_err(|e| match e {
+        E::Empty => "empty: a number and a unit are needed".to_owned(),
+        E::UnknownUnit { unit, .. } if unit.is_empty() => {
+            "a number needs a unit (`ms`, `s`, `m`, `h`)".to_owned()
+        }
+        E::UnknownUnit { unit, .. } => {
+            format!("unknown unit `{unit}`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)")
+        }
+        E::NumberExpected(at) | E::InvalidCharacter(at) => format!(
+            "not a duration from character {}: write a number, then its unit",
+            // A byte offset; counted in characters where it falls between two.
+            s.trim()
+                .get(..at)
+                .map_or(at, |before| before.chars().count())
+                + 1
+        ),
+        E::NumberOverflow => "too large".to_owned(),
+    })
 }
 
 impl<'f> Decoder<'f> {
