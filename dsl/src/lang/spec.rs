@@ -81,6 +81,9 @@ impl ValueType {
             ValueType::HeaderName => "a header name like \"X-Session-Id\"".into(),
             ValueType::EnvName => "an environment variable name like \"API_KEY\"".into(),
             ValueType::Path => "a path, relative to the suite file".into(),
+            // Not "the id of a `tool`": checks also name the tools an agent runs itself,
+            // which no `tool` node declares (where a declared one is needed, validation says).
+            ValueType::Ref("tool") => "a tool's name".into(),
             ValueType::Ref(kind) => format!("the id of a `{kind}`"),
             ValueType::OneOf(words) => {
                 let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
@@ -523,5 +526,8 @@ mod tests {
         assert_eq!(TOOLS.usage(), "tools VALUE…");
         assert_eq!(TOOLS.protocols, Some(&["openai"][..]));
         assert_eq!(ValueType::OneOf(&["a", "b"]).describe(), "one of `a`, `b`");
+        // A check's tool may be one the agent runs itself: no `tool` declares it.
+        assert_eq!(ValueType::Ref("tool").describe(), "a tool's name");
+        assert_eq!(ValueType::Ref("judge").describe(), "the id of a `judge`");
     }
 }
