@@ -303,13 +303,7 @@ fn record(
     replay: bool,
 ) -> TurnRecord {
     let usage = turn.usage().unwrap_or_default();
-    // A request that reported nothing (or half: prompt tokens without completion ones, from
-    // a stream cut after its start) beside others that did: the sums are a floor.
-    let reported = turn.exchanges.iter().filter(|e| e.usage.is_some()).count();
-    let tokens_partial = (reported > 0 && reported < turn.exchanges.len())
-        || turn.exchanges.iter().filter_map(|e| e.usage).any(|u| {
-            u.total_tokens.is_none() && u.prompt_tokens.is_some() != u.completion_tokens.is_some()
-        });
+    let tokens_partial = turn.tokens_partial();
     let latency: Duration = turn.exchanges.iter().map(|e| e.latency()).sum();
     let attempts: usize = turn.exchanges.iter().map(|e| e.attempts.len()).sum();
     let ttft = turn.exchanges.first().and_then(|e| e.ttft);

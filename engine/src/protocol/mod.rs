@@ -352,14 +352,7 @@ impl Turn {
     /// wrap around.
     pub fn usage(&self) -> Option<Usage> {
         let mut total: Option<Usage> = None;
-        for usage in self.exchanges.iter().filter_map(|e| e.usage) {
-            let plausible = |n: Option<u64>| n.filter(|&n| n <= MOST_TOKENS);
-            let usage = Usage {
-                prompt_tokens: plausible(usage.prompt_tokens),
-                completion_tokens: plausible(usage.completion_tokens),
-                total_tokens: plausible(usage.total_tokens),
-                ..usage
-            };
+        for usage in self.exchanges.iter().filter_map(|e| e.usage).map(plausible) {
             let t = total.get_or_insert_with(Usage::default);
             t.prompt_tokens = add(t.prompt_tokens, usage.prompt_tokens);
             t.completion_tokens = add(t.completion_tokens, usage.completion_tokens);
@@ -378,6 +371,41 @@ impl Turn {
             );
         }
         total
+    }
+
+    /// Whether [`Turn::usage`]'s counts are a floor of what the turn spent: some of its
+    /// requests reported tokens and another reported none, or a request's count is known
+    /// only in part (prompt tokens without completion ones or the reverse, and no total).
+    /// Judged on the counts [`Turn::usage`] keeps: one it leaves out as implausible is
+    /// unknown, so a `tokens max=N` check is not passed on what is left.
+    pub fn tokens_partial(&self) -> bool {
+        let mut known = false;
+        let mut unknown = false;
+        for exchange in &self.exchanges {
+            let usage = exchange.usage.map(plausible).unwrap_or_default();
+            let (prompt, completion) = (usage.prompt_tokens, usage.completion_tokens);
+            if usage.total_tokens.is_some() || (prompt.is_some() && completion.is_some()) {
+                known = true;
+            } else if prompt.is_some() || completion.is_some() {
+                // Half a count: the sums hold it, and miss the other half.
+                known = true;
+                unknown = true;
+            } else {
+                unknown = true;
+            }
+        }
+        known && unknown
+    }
+}
+
+/// `usage` without the counts past [`MOST_TOKENS`], which are unknown rather than counts.
+fn plausible(usage: Usage) -> Usage {
+    let plausible = |n: Option<u64>| n.filter(|&n| n <= MOST_TOKENS);
+    Usage {
+        prompt_tokens: plausible(usage.prompt_tokens),
+        completion_tokens: plausible(usage.completion_tokens),
+        total_tokens: plausible(usage.total_tokens),
+        ..usage
     }
 }
 
@@ -415,7 +443,45 @@ mod tests {
         assert_eq!(usage.prompt_tokens, Some(20));
         assert_eq!(usage.completion_tokens, Some(5));
         // The first exchange's total is unknown (its prompt count was not one): the total
-        // is the second's.
+        // is the second's, and a floor of what the turn spent.
         assert_eq!(usage.total_tokens, Some(22));
+        assert!(turn.tokens_partial());
+    }
+
+    #[test]
+    fn counts_left_out_as_implausible_leave_the_turn_partial() {
+        let exchange = |prompt, completion, total| Exchange {
+            usage: Some(Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                total_tokens: total,
+                cost: None,
+            }),
+            ..Default::default()
+        };
+        let turn = |exchanges| Turn {
+            exchanges,
+            ..Default::default()
+        };
+        // An agent's `2^64 - 1` prompt and total beside a real completion count: 5 is what
+        // is left, a floor, not the turn's usage.
+        let lying = turn(vec![exchange(Some(u64::MAX), Some(5), Some(u64::MAX))]);
+        assert_eq!(lying.usage().unwrap().total_tokens, None);
+        assert_eq!(lying.usage().unwrap().completion_tokens, Some(5));
+        assert!(lying.tokens_partial());
+        // Whole counts are not partial; nor is a turn that reported nothing at all.
+        assert!(!turn(vec![exchange(Some(3), Some(5), None)]).tokens_partial());
+        assert!(!turn(vec![exchange(None, None, Some(8))]).tokens_partial());
+        assert!(!turn(vec![Exchange::default()]).tokens_partial());
+        // Every count implausible beside a request with whole ones: the sum misses one.
+        let half = turn(vec![
+            exchange(Some(u64::MAX), Some(u64::MAX), None),
+            exchange(Some(3), Some(5), None),
+        ]);
+        assert!(half.tokens_partial());
+        // A request that reported none beside one that did, as before.
+        assert!(turn(vec![exchange(Some(3), Some(5), None), Exchange::default()]).tokens_partial());
+        // Half a count, as before.
+        assert!(turn(vec![exchange(Some(3), None, None)]).tokens_partial());
     }
 }
