@@ -489,16 +489,21 @@ impl Assembler {
                     // that write the response by hand leave it out) all merged into one, and
                     // a `plugin_call` before the reply was lost: `no-tool` passed. Such an
                     // `output[]` cannot be matched to the streamed messages, and it is the
-                    // whole answer: it replaces them, each message by its place.
+                    // whole answer: it replaces them, each message by its place. Unless it
+                    // holds fewer messages than were streamed: then it is a summary (the reply
+                    // alone, after a streamed tool call and its output), and what was
+                    // streamed, each message with its id, is the answer.
                     let anonymous = output.iter().any(|m| {
                         m.get("id")
                             .and_then(Value::as_str)
                             .is_none_or(str::is_empty)
                     });
-                    if anonymous {
+                    let summary = anonymous && output.len() < self.messages.len();
+                    if anonymous && !summary {
                         self.messages.clear();
                     }
-                    for (place, message) in output.into_iter().enumerate() {
+                    let merged = if summary { Vec::new() } else { output };
+                    for (place, message) in merged.into_iter().enumerate() {
                         if let Value::Object(mut message) = message {
                             if anonymous {
                                 message.insert(
@@ -1123,6 +1128,38 @@ mod tests {
         assert_eq!(a.tool_calls.len(), 1, "{:?}", a.tool_calls);
         assert_eq!(a.tool_calls[0].name, "get_weather");
         assert_eq!(a.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+        assert_eq!(a.reply.as_deref(), Some("It is sunny."));
+    }
+
+    /// The same `output[]` after a stream that told more, with ids: a tool call, its output
+    /// and the reply. A reply alone there is a summary, and the streamed call stays (it was
+    /// dropped with everything streamed: `no-tool` passed on a tool the agent called).
+    #[test]
+    fn a_shorter_output_without_message_ids_leaves_the_streamed_messages() {
+        let data = |kind: &str, id: &str, data: Value| {
+            json!({"object": "message", "id": id, "type": kind,
+            "role": if kind == "plugin_call_output" { "tool" } else { "assistant" }, "status": "completed",
+            "content": [{"type": "data", "data": data}]})
+        };
+        let (a, fault) = assemble(&[
+            data(
+                "plugin_call",
+                "c",
+                json!({"call_id": "k1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}),
+            ),
+            data(
+                "plugin_call_output",
+                "o",
+                json!({"call_id": "k1", "name": "get_weather", "output": "sunny"}),
+            ),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m", "index": 0, "text": "It is sunny."}),
+            json!({"object": "response", "status": "completed", "output": [
+                {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "It is sunny."}]}
+            ]}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.tool_calls.len(), 1, "{:?}", a.tool_calls);
+        assert_eq!(a.tool_calls[0].result.as_deref(), Some("sunny"));
         assert_eq!(a.reply.as_deref(), Some("It is sunny."));
     }
 
