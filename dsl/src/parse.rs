@@ -808,6 +808,14 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("36500d"),
+            Ok(Duration::from_secs(36_500 * 86_400))
+        );
+        assert_eq!(
+            parse_duration("200000000000000d").unwrap_err(),
+            "too large: at most 100 years"
+        );
         assert!(parse_duration("2 fortnights ago").is_err());
         assert_eq!(
             parse_duration("2x").unwrap_err(),

@@ -375,12 +375,12 @@ pub struct RunArgs {
     otlp_endpoint: Option<String>,
     /// How long a turn of a `spans #true` agent waits after the answer for the agent's
     /// spans (its root span) before its checks run.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = trellis_dsl::parse::parse_duration)]
     spans_wait: std::time::Duration,
     /// How long the end of the run waits for spans that have not arrived yet (batch
     /// exporters send late): for turns of `spans #true` agents, and of every agent when
     /// `--otlp-receiver` is given.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = trellis_dsl::parse::parse_duration)]
     spans_grace: std::time::Duration,
 }
 

@@ -146,25 +146,39 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// few variations".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     use humantime::DurationError as E;
-    humantime::parse_duration(s.trim()).map_err(|e| match e {
-        E::Empty => "empty: a number and a unit are needed".to_owned(),
-        E::UnknownUnit { unit, .. } if unit.is_empty() => {
-            "a number needs a unit (`ms`, `s`, `m`, `h`)".to_owned()
-        }
-        E::UnknownUnit { unit, .. } => {
-            format!("unknown unit `{unit}`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)")
-        }
-        E::NumberExpected(at) | E::InvalidCharacter(at) => format!(
-            "not a duration from character {}: write a number, then its unit",
-            // A byte offset; counted in characters where it falls between two.
-            s.trim()
-                .get(..at)
-                .map_or(at, |before| before.chars().count())
-                + 1
-        ),
-        E::NumberOverflow => "too large".to_owned(),
-    })
+    humantime::parse_duration(s.trim())
+        .map_err(|e| match e {
+            E::Empty => "empty: a number and a unit are needed".to_owned(),
+            E::UnknownUnit { unit, .. } if unit.is_empty() => {
+                "a number needs a unit (`ms`, `s`, `m`, `h`)".to_owned()
+            }
+            E::UnknownUnit { unit, .. } => {
+                format!("unknown unit `{unit}`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)")
+            }
+            E::NumberExpected(at) | E::InvalidCharacter(at) => format!(
+                "not a duration from character {}: write a number, then its unit",
+                // A byte offset; counted in characters where it falls between two.
+                s.trim()
+                    .get(..at)
+                    .map_or(at, |before| before.chars().count())
+                    + 1
+            ),
+            E::NumberOverflow => "too large".to_owned(),
+        })
+        .and_then(|d| {
+            // humantime reads up to u64::MAX seconds; a clock cannot add that much to now (the
+            // run panicked on a deadline of `200000000000000d`), and no wait is that long.
+            if d > MOST_DURATION {
+                Err("too large: at most 100 years".to_owned())
+            } else {
+                Ok(d)
+            }
+        })
 }
+
+/// The longest duration a suite or a flag may give: 100 years, far past any run, and far
+/// inside what the system's clock can add to the present.
+pub const MOST_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 impl<'f> Decoder<'f> {
     // ----- typed values
