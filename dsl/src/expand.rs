@@ -284,10 +284,7 @@ fn read_one(
                     "bad row",
                     "fix the row in the file (`filter=` sees only rows that read)",
                 ),
-                dataset::ReadError::Format(_) => (
-                    "not of its format",
-                    "CSV needs a header row; JSON a top-level array of objects; JSON Lines one object per line",
-                ),
+                dataset::ReadError::Format(_) => ("not of its format", format_help(&ds.resolved)),
             };
             Err(Box::new(
                 at(
@@ -297,6 +294,26 @@ fn read_one(
                 )
                 .with_help(help),
             ))
+        }
+    }
+}
+
+/// What a file of `path`'s format must hold, for one that does not read as it.
+fn format_help(path: &std::path::Path) -> &'static str {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "csv" | "tsv" | "tab" => "a CSV or TSV file starts with a header row naming its columns",
+        "json" => "a .json dataset is one top-level array of objects, a row each",
+        "jsonl" | "ndjson" => "a JSON Lines dataset is one JSON object per line",
+        "parquet" => {
+            "the file is damaged or not Parquet: write it again from its source (pandas' \
+             `to_parquet`, polars' `write_parquet`); a file cut short or edited as text does not read"
+        }
+        _ => {
+            "CSV needs a header row; JSON a top-level array of objects; JSON Lines one object per line"
         }
     }
 }

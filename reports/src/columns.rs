@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::Cursor;
 use std::path::Path;
 
+use crate::contained::decode;
 use polars_arrow::array::{
     Array, BooleanArray, ListArray, PrimitiveArray, Utf8Array, Utf8ViewArray,
 };
@@ -25,12 +26,16 @@ pub(crate) struct Columns {
     columns: Vec<(String, Vec<Box<dyn Array>>)>,
 }
 
+fn damaged(why: String) -> PolarsError {
+    PolarsError::ComputeError(why.into())
+}
+
 /// Reads the columns of `path` named in `names` that the file has.
 pub(crate) fn read(path: &Path, names: &[&str]) -> PolarsResult<Columns> {
     let mut file = File::open(path)?;
     let file_len = file.metadata()?.len();
-    let metadata = read_metadata(&mut file)?;
-    let schema = infer_schema(&metadata)?;
+    let metadata = decode(|| read_metadata(&mut file)).map_err(damaged)??;
+    let schema = decode(|| infer_schema(&metadata)).map_err(damaged)??;
     let fields: Vec<&Field> = schema
         .iter_values()
         .filter(|field| names.contains(&field.name.as_str()))
@@ -52,6 +57,10 @@ pub(crate) fn read(path: &Path, names: &[&str]) -> PolarsResult<Columns> {
             let mut types = Vec::new();
             for meta in chunks {
                 let bytes = crate::dataset::read_chunk(&mut file, file_len, meta)
+                    .and_then(|bytes| {
+                        crate::dataset::check_pages(meta, &bytes, group.num_rows())?;
+                        Ok(bytes)
+                    })
                     .map_err(|e| PolarsError::ComputeError(e.to_string().into()))?;
                 pages.push(BasicDecompressor::new(
                     PageReader::new(Cursor::new(bytes), meta, Vec::new(), usize::MAX),
@@ -59,7 +68,8 @@ pub(crate) fn read(path: &Path, names: &[&str]) -> PolarsResult<Columns> {
                 ));
                 types.push(&meta.descriptor().descriptor.primitive_type);
             }
-            let (read, _) = column_iter_to_arrays(pages, types, (*field).clone(), None)?;
+            let (read, _) = decode(|| column_iter_to_arrays(pages, types, (*field).clone(), None))
+                .map_err(damaged)??;
             arrays.extend(read);
         }
     }
@@ -243,4 +253,35 @@ fn downcast<'a, T: 'static>(array: &'a dyn Array, name: &str, what: &str) -> Pol
 
 fn mismatch(name: &str, what: &str, dtype: &ArrowDataType) -> PolarsError {
     PolarsError::SchemaMismatch(format!("column `{name}` holds {dtype:?}, not {what}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    /// A run directory's table damaged on disk (`history`, `compare` and `calibrate` read
+    /// them back) is an error, never a panic or an abort, whatever byte is wrong.
+    #[test]
+    fn a_damaged_table_is_an_error_whatever_byte_is_wrong() {
+        let good = crate::dataset::tests::parquet_bytes();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.parquet");
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(super::read(&path, &["id", "name"]).unwrap().rows(), 3);
+        let mut panicked = Vec::new();
+        for at in 0..good.len() {
+            for damage in [|b: u8| !b, |_| 0, |b: u8| b.wrapping_add(1)] {
+                let mut bad = good.clone();
+                bad[at] = damage(bad[at]);
+                std::fs::write(&path, &bad).unwrap();
+                let read = std::panic::catch_unwind(|| super::read(&path, &["id", "name"]));
+                if read.is_err() {
+                    panicked.push(at);
+                }
+            }
+        }
+        assert!(
+            panicked.is_empty(),
+            "panicked at bytes {panicked:?} of {}",
+            good.len()
+        );
+    }
 }

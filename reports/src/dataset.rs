@@ -25,6 +25,7 @@ use polars_arrow::datatypes::{ArrowDataType, Field, TimeUnit};
 use polars_arrow::offset::Offset;
 use polars_buffer::Buffer;
 use polars_error::PolarsError;
+use polars_parquet::parquet::page::CompressedPage;
 use polars_parquet::parquet::schema::Repetition;
 use polars_parquet::parquet::schema::types::{GroupConvertedType, GroupLogicalType, ParquetType};
 use polars_parquet::read::{
@@ -33,6 +34,8 @@ use polars_parquet::read::{
 };
 use serde_json::{Map, Number, Value};
 use trellis_dsl::dataset::{Fields, ReadError, RowReader};
+
+use crate::contained::decode;
 
 /// Reads a Parquet file's rows as JSON objects: numbers, booleans and strings keep their
 /// types, lists become arrays, structs objects, maps objects (or a list of `{key, value}`
@@ -48,7 +51,7 @@ const MAX_SLICE: usize = 16 * 1024;
 impl RowReader for ParquetRows {
     fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
         let mut file = File::open(path)?;
-        let metadata = read_metadata(&mut file).map_err(not_parquet)?;
+        let metadata = damaged(decode(|| read_metadata(&mut file)))?.map_err(not_parquet)?;
         Ok(Some(
             metadata
                 .schema()
@@ -66,8 +69,8 @@ impl RowReader for ParquetRows {
     ) -> Result<(), ReadError> {
         let mut file = File::open(path)?;
         let file_len = file.metadata()?.len();
-        let mut metadata = read_metadata(&mut file).map_err(not_parquet)?;
-        let mut schema = infer_schema(&metadata).map_err(not_parquet)?;
+        let mut metadata = damaged(decode(|| read_metadata(&mut file)))?.map_err(not_parquet)?;
+        let mut schema = damaged(decode(|| infer_schema(&metadata)))?.map_err(not_parquet)?;
         // A dictionary column (pandas' `category`, what pyarrow writes for it) is only
         // dictionary in the Arrow schema the writer stored beside the Parquet one; read
         // without it, its values are the plain strings (or numbers) the pages hold.
@@ -75,7 +78,7 @@ impl RowReader for ParquetRows {
             if let Some(pairs) = &mut metadata.key_value_metadata {
                 pairs.retain(|kv| kv.key != "ARROW:schema");
             }
-            schema = infer_schema(&metadata).map_err(not_parquet)?;
+            schema = damaged(decode(|| infer_schema(&metadata)))?.map_err(not_parquet)?;
         }
         // The file's own Parquet types, which still tell maps from lists (without the
         // writer's Arrow schema a map reads as a list of key/value structs).
@@ -119,8 +122,12 @@ impl RowReader for ParquetRows {
                             field.name
                         ))
                     })?
-                    .map(|meta| read_chunk(&mut file, file_len, meta).map(|bytes| (meta, bytes)))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .map(|meta| {
+                        let bytes = read_chunk(&mut file, file_len, meta)?;
+                        check_pages(meta, &bytes, rows)?;
+                        Ok((meta, bytes))
+                    })
+                    .collect::<Result<Vec<_>, ReadError>>()?;
                 chunks.push(columns);
             }
             let mut start = 0;
@@ -144,12 +151,16 @@ impl RowReader for ParquetRows {
                             )
                         })
                         .unzip();
-                    let (arrays, _) = column_iter_to_arrays(
-                        pages,
-                        types,
-                        (*field).clone(),
-                        Some(Filter::new_ranged(start, end)),
-                    )
+                    let (arrays, _) = decode(|| {
+                        column_iter_to_arrays(
+                            pages,
+                            types,
+                            (*field).clone(),
+                            Some(Filter::new_ranged(start, end)),
+                        )
+                    })
+                    .map_err(|e| PolarsError::ComputeError(e.into()))
+                    .and_then(|decoded| decoded)
                     .map_err(|e| {
                         ReadError::Format(format!("rows {first}–{}: {e}", before + end))
                     })?;
@@ -206,6 +217,52 @@ pub(crate) fn read_chunk(
     file.seek(SeekFrom::Start(range.start))?;
     file.read_exact(&mut bytes)?;
     Ok(Buffer::from(bytes))
+}
+
+/// Checks a column chunk's page headers against its metadata before the decoder reads
+/// them: the decoder sizes its buffers by a page's count of values, so a damaged count
+/// (negative, read as 2^64 - n) would abort the process on an allocation it cannot make.
+pub(crate) fn check_pages(
+    meta: &ColumnChunkMetadata,
+    bytes: &Buffer<u8>,
+    rows: usize,
+) -> Result<(), ReadError> {
+    let damaged = |what: String| {
+        ReadError::Format(format!(
+            "not a readable Parquet file: column `{}` {what}",
+            meta.descriptor().path_in_schema.join(".")
+        ))
+    };
+    let declared = usize::try_from(meta.num_values())
+        .map_err(|_| damaged(format!("declares {} values", meta.num_values())))?;
+    // A column outside any list has a value (or a null) per row; one inside a list may
+    // have more, or fewer, than its rows.
+    if meta.descriptor().descriptor.max_rep_level == 0 && declared != rows {
+        return Err(damaged(format!(
+            "declares {declared} values for {rows} rows"
+        )));
+    }
+    let pages = PageReader::new(Cursor::new(bytes.clone()), meta, Vec::new(), usize::MAX);
+    let mut seen = 0usize;
+    for page in pages {
+        let page = page.map_err(|e| damaged(format!("has a damaged page: {e}")))?;
+        if let CompressedPage::Data(page) = page {
+            seen = seen
+                .checked_add(page.num_values())
+                .filter(|&n| n <= declared)
+                .ok_or_else(|| {
+                    damaged(format!(
+                        "has pages of more values than the {declared} it declares"
+                    ))
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// A panic of the decoder (see [`decode`]) as the file's error.
+fn damaged<T>(decoded: Result<T, String>) -> Result<T, ReadError> {
+    decoded.map_err(|why| ReadError::Format(format!("not a readable Parquet file: {why}")))
 }
 
 fn not_parquet(e: PolarsError) -> ReadError {
@@ -715,5 +772,74 @@ mod iso {
             assert_eq!(duration(86_400, TimeUnit::Second), "P1D");
             assert_eq!(duration(-1, TimeUnit::Second), "-PT1S");
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use polars_core::prelude::*;
+    use polars_io::prelude::*;
+
+    /// A small dataset as pandas or polars would write it: typed columns, statistics, a
+    /// list column.
+    pub(crate) fn parquet_bytes() -> Vec<u8> {
+        let mut df = df!(
+            "id" => [1i64, 2, 3],
+            "name" => ["Ada", "Grace", "Barbara"],
+            "score" => [0.5f64, 1.5, 2.5],
+            "open" => [true, false, true],
+        )
+        .unwrap();
+        let mut bytes = Vec::new();
+        ParquetWriter::new(&mut bytes)
+            .with_statistics(StatisticsOptions::full())
+            .finish(&mut df)
+            .unwrap();
+        bytes
+    }
+
+    /// Both ways a dataset is read, every answer kept; `Err` when either panicked.
+    fn read_all(path: &Path) -> Result<(), String> {
+        std::panic::catch_unwind(|| {
+            let _ = ParquetRows.declared_columns(path);
+            let _ = ParquetRows.read(path, &mut |_, _| ControlFlow::Continue(()));
+        })
+        .map_err(|_| "panicked".to_string())
+    }
+
+    #[test]
+    fn a_damaged_file_is_an_error_whatever_byte_is_wrong() {
+        let good = parquet_bytes();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.parquet");
+        std::fs::write(&path, &good).unwrap();
+        let mut rows = 0;
+        ParquetRows
+            .read(&path, &mut |_, _| {
+                rows += 1;
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert_eq!(rows, 3);
+        // Every byte of the file, flipped and zeroed: the decoder panics on some (the
+        // footer's thrift, its statistics, the pages' headers); each must read as an error
+        // or as rows.
+        let mut panicked = Vec::new();
+        for at in 0..good.len() {
+            for damage in [|b: u8| !b, |_| 0, |b: u8| b.wrapping_add(1)] {
+                let mut bad = good.clone();
+                bad[at] = damage(bad[at]);
+                std::fs::write(&path, &bad).unwrap();
+                if read_all(&path).is_err() {
+                    panicked.push(at);
+                }
+            }
+        }
+        assert!(
+            panicked.is_empty(),
+            "panicked at bytes {panicked:?} of {}",
+            good.len()
+        );
     }
 }

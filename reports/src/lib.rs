@@ -16,6 +16,7 @@ pub mod calibrate;
 pub mod calibration;
 mod columns;
 pub mod compare;
+mod contained;
 pub mod dataset;
 mod error;
 pub mod history;

@@ -333,6 +333,42 @@ async fn a_malformed_row_stops_everything_naming_the_file_row_and_column() {
     }
 }
 
+/// Parquet files damaged on disk (three bytes of a good file changed) on which polars'
+/// decoder panics: each is the dataset's diagnostic, exit 2, nothing run, no panic printed.
+#[tokio::test]
+async fn a_damaged_parquet_dataset_is_a_diagnostic_not_a_crash() {
+    for fixture in ["footer-offsets.parquet", "footer-statistics.parquet"] {
+        let content = std::fs::read(Path::new("tests/fixtures/damaged").join(fixture)).unwrap();
+        let suite = format!(
+            "{AGENT}dataset \"d\" path=\"data/d.parquet\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        );
+        let dir = project(&suite, &[("data/d.parquet", content.as_slice())]);
+        for command in ["check", "run"] {
+            let mut cmd = trellis();
+            cmd.arg(command).arg(dir.path().join("suite.kdl"));
+            if command == "run" {
+                cmd.arg("--out").arg(dir.path().join("out"));
+            }
+            let o = cmd.output().await.unwrap();
+            let err = flat(&stderr(&o));
+            assert_eq!(o.status.code(), Some(2), "{command} {fixture}: {err}");
+            for s in [
+                "suite.kdl:2:",
+                "data/d.parquet): not a readable Parquet file",
+                "write it again from its source",
+            ] {
+                assert!(err.contains(s), "{command} {fixture}: no {s:?} in {err}");
+            }
+            assert!(!err.contains("panicked"), "{command} {fixture}: {err}");
+            assert!(
+                !dir.path().join("out").exists(),
+                "{command} {fixture}: something ran"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn hashed_row_ids_survive_reordering_and_appending() {
     let suite = format!(
