@@ -559,6 +559,61 @@ scenario "book" {{
     );
 }
 
+/// A check on the shared prefix is one verdict for every branch, in `rejudge` as in the
+/// run: judged once, not once per trajectory (two draws of a judge could pass and fail the
+/// same turn, and each draw is a call paid for).
+#[tokio::test]
+async fn rejudge_judges_a_shared_prefix_check_once_for_every_branch() {
+    // Each judge call scores lower than the one before: a second call for the same turn
+    // would disagree with the first.
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::text(r#"{"score": 0.9, "justification": "first"}"#),
+        Reply::text(r#"{"score": 0.2, "justification": "second"}"#),
+        Reply::text(r#"{"score": 0.1, "justification": "third"}"#),
+    ])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("prefix.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake" threshold=0.5
+scenario "book" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "PREFIX-CHECK greets the customer"
+    branch "yes" {{
+        user "It's V4T 0A7."
+    }}
+    branch "no" {{
+        user "Never mind."
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 1, "the run judges the prefix once");
+    let again = dir.path().join("again");
+    let o = rejudge(&first, &suite, &again).await;
+    assert_eq!(fake.calls(), 2, "{}{}", stdout(&o), stderr(&o));
+    // The second answer (0.2) for both branches: failed, both of them.
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let criteria = read_parquet(&again.join("criteria.parquet"));
+    let trajectories = strings(&criteria, "trajectory");
+    let statuses = strings(&criteria, "status");
+    assert_eq!(trajectories.len(), 2, "{criteria}");
+    assert_ne!(trajectories[0], trajectories[1]);
+    let failed = Some("failed".to_string());
+    assert_eq!(statuses, [failed.clone(), failed], "{criteria}");
+}
+
 #[tokio::test]
 async fn rejudge_shows_the_judge_the_history_the_run_sent_not_the_file_as_it_is_now() {
     let fake = FakeLlm::start(vec![Rule::when(

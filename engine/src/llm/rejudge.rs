@@ -6,7 +6,8 @@
 //! `judge`/`outcome` check that the run reached is judged again against the scenario as the
 //! suite now defines it (found by its text; a check the suite no longer has is kept as it
 //! was; one the run did not record is named, not judged), with the `history` the run sent
-//! (recorded in `run_started`), and the trajectory's
+//! (recorded in `run_started`): a check on a shared prefix's turn once for every branch
+//! through it, as the run judged it. The trajectory's
 //! status follows from its checks by the run's own rule. The
 //! result is a new journal: the original's agent and node entries, the updated
 //! trajectories, and a `run_started` naming the original run (`rejudged_from`).
@@ -118,12 +119,18 @@ pub async fn rejudge_draw(
         ..original
     };
 
+    let judging = Judging {
+        project,
+        runtime,
+        nodes: &nodes,
+        histories: &histories,
+        shared: SharedJudgments::default(),
+        draw,
+    };
     let results: Vec<(TrajectoryRecord, RejudgeCounts)> =
         futures::stream::iter(trajectories.into_iter().map(|t| {
-            let nodes = &nodes;
-            let histories = &histories;
-            let status_of = &status_of;
-            async move { rejudge_one(project, runtime, nodes, histories, t, draw, status_of).await }
+            let (judging, status_of) = (&judging, &status_of);
+            async move { rejudge_one(judging, t, status_of).await }
         }))
         .buffered(CONCURRENT_TRAJECTORIES)
         .collect()
@@ -236,15 +243,48 @@ fn node_list_turns(entries: &[JournalEntry]) -> u64 {
 /// The history each scenario of the run sent, by suite and scenario id.
 type Histories = HashMap<(String, String), Arc<Vec<serde_json::Value>>>;
 
-async fn rejudge_one(
-    project: &Project,
-    runtime: &LlmRuntime,
-    nodes: &HashMap<NodeKey, Arc<NodeRecord>>,
-    histories: &Histories,
-    mut t: TrajectoryRecord,
+/// A check on a turn of a shared prefix is judged once, as the run judged it (at the fork
+/// every branch continues with the prefix's checks already recorded), and every trajectory
+/// through that turn records the one verdict: judged per trajectory, two draws of a judge
+/// could pass and fail the same turn. Keyed by the node that holds the turn, the turn, and
+/// the check as rendered; the first trajectory to reach it judges, the others wait for it.
+#[derive(Default)]
+struct SharedJudgments(std::sync::Mutex<HashMap<(NodeKey, u32, String), Arc<Judgment>>>);
+
+/// One shared check's verdict, once judged.
+type Judgment = tokio::sync::OnceCell<crate::record::CriterionRecord>;
+
+impl SharedJudgments {
+    fn cell(&self, key: (NodeKey, u32, String)) -> Arc<Judgment> {
+        let mut cells = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(cells.entry(key).or_default())
+    }
+}
+
+/// What every trajectory of one rejudge is judged with.
+struct Judging<'a> {
+    project: &'a Project,
+    runtime: &'a LlmRuntime,
+    /// The recorded run's nodes, by key.
+    nodes: &'a HashMap<NodeKey, Arc<NodeRecord>>,
+    histories: &'a Histories,
+    shared: SharedJudgments,
     draw: u32,
+}
+
+async fn rejudge_one(
+    judging: &Judging<'_>,
+    mut t: TrajectoryRecord,
     status_of: &impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
 ) -> (TrajectoryRecord, RejudgeCounts) {
+    let &Judging {
+        project,
+        runtime,
+        nodes,
+        histories,
+        ref shared,
+        draw,
+    } = judging;
     let mut counts = RejudgeCounts::default();
     let Some(scenario) = project
         .scenarios()
@@ -261,13 +301,17 @@ async fn rejudge_one(
         return (t, counts);
     };
     let mut turns: Vec<Arc<TurnRecord>> = Vec::new();
+    // The node each of `turns` is recorded on.
+    let mut turn_nodes: Vec<NodeKey> = Vec::new();
     for node in &t.nodes {
         let key = t.node_key(node);
         if let Some(n) = nodes.get(&key) {
             if n.turns.iter().any(|turn| turn.replay) {
                 turns.clear();
+                turn_nodes.clear();
             }
             turns.extend(n.turns.iter().cloned());
+            turn_nodes.extend(std::iter::repeat_n(key, n.turns.len()));
         }
     }
     // Statements written as templates are read by the judge rendered, as in the run: the
@@ -370,8 +414,8 @@ async fn rejudge_one(
                 continue;
             }
         };
-        let fresh = runtime
-            .judge(JudgeTask {
+        let judge = || {
+            runtime.judge(JudgeTask {
                 criterion_text: text,
                 kind: &kind,
                 scenario,
@@ -389,7 +433,19 @@ async fn rejudge_one(
                         .ok()
                 }),
             })
-            .await;
+        };
+        // A check on a turn: judged once for every trajectory through the turn's node.
+        let on_node = record
+            .turn_index
+            .zip(upto.checked_sub(1).and_then(|last| turn_nodes.get(last)));
+        let fresh = match on_node {
+            Some((turn, node)) => shared
+                .cell((node.clone(), turn, format!("{text}\u{0}{kind:?}")))
+                .get_or_init(judge)
+                .await
+                .clone(),
+            None => judge().await,
+        };
         counts.rejudged += 1;
         if fresh.status != record.status {
             counts.changed += 1;
