@@ -1664,6 +1664,7 @@ mod tests {
             repeats: crate::stats::Repeats::from_counts(samples, passed, 0),
             latency: Default::default(),
             skip_reason: None,
+            first_fault: None,
         };
         let run = |scenarios: Vec<crate::stats::ScenarioStats>| {
             let mut run = RunStats::default();
@@ -1821,6 +1822,7 @@ mod tests {
                 repeats: crate::stats::Repeats::from_counts(1, 1, 0),
                 latency: Default::default(),
                 skip_reason: None,
+                first_fault: None,
             }];
             run
         };

@@ -370,6 +370,10 @@ pub struct ScenarioStats {
     /// X, which did not pass`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skip_reason: Option<String>,
+    /// The fault that ended its first errored trajectory, as `category: message`, when any
+    /// did: what a CI summary says of an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_fault: Option<String>,
 }
 
 /// The position, among the `nodes` nodes of failed or errored trajectory `t`'s path, of the
@@ -789,6 +793,7 @@ struct ScenarioAcc {
     /// The (non-replayed) turns' latencies; the run's are all of these.
     latencies: Vec<f64>,
     skip_reason: Option<String>,
+    first_fault: Option<String>,
 }
 
 #[derive(Default)]
@@ -980,6 +985,11 @@ impl StatsBuilder {
         scenario.counts.add(t.status);
         if t.status == TrajectoryStatus::Skipped && scenario.skip_reason.is_none() {
             scenario.skip_reason.clone_from(&t.skip_reason);
+        }
+        if let (TrajectoryStatus::Error, Some(f), None) =
+            (t.status, &t.fault, &scenario.first_fault)
+        {
+            scenario.first_fault = Some(format!("{}: {}", f.category.as_str(), f.message));
         }
         scenario.repetitions.insert(t.repetition);
         if t.status.ran() {
@@ -1180,6 +1190,7 @@ impl StatsBuilder {
                     repeats: repeats(ran, passed, skipped),
                     latency: Latency::of(acc.latencies),
                     skip_reason: acc.skip_reason,
+                    first_fault: acc.first_fault,
                 }
             })
             .collect();

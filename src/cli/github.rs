@@ -53,18 +53,23 @@ impl Locations {
         }
         let mut at = HashMap::new();
         let cwd = std::env::current_dir().ok();
+        let root = repository_root(cwd.as_deref());
         for (suite, scenario) in scenarios {
             let span = scenario.id.span;
             let Some(file) = project.files.get(span.file) else {
                 continue;
             };
             let (line, _) = file.line_col(span.span.offset());
-            // GitHub places an annotation by a path from the repository's root, where the
-            // workflow runs: suites loaded by absolute path (a merge's) are named from it.
-            let path = cwd
+            // GitHub places an annotation by a path from the repository's root
+            // ($GITHUB_WORKSPACE), whatever the step's `working-directory`.
+            let absolute = match &cwd {
+                Some(cwd) if file.path.is_relative() => cwd.join(&file.path),
+                _ => file.path.clone(),
+            };
+            let path = root
                 .as_deref()
-                .and_then(|cwd| file.path.strip_prefix(cwd).ok())
-                .map_or_else(|| file.path.clone(), Path::to_path_buf);
+                .and_then(|root| from_root(root, &absolute))
+                .unwrap_or_else(|| file.path.clone());
             at.insert((suite.to_owned(), scenario.id.value.clone()), (path, line));
         }
         Some(Locations(at))
@@ -72,6 +77,24 @@ impl Locations {
 
     fn of_scenario(&self, suite: &str, scenario: &str) -> Option<&(PathBuf, usize)> {
         self.0.get(&(suite.to_owned(), scenario.to_owned()))
+    }
+}
+
+/// The directory annotations' paths start from: the repository's checkout
+/// (`$GITHUB_WORKSPACE`), else the current directory.
+fn repository_root(cwd: Option<&Path>) -> Option<PathBuf> {
+    std::env::var_os("GITHUB_WORKSPACE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| cwd.map(Path::to_path_buf))
+}
+
+/// `path` from `root`, with `..` and links resolved (`--suites ../evals`, a workspace
+/// reached through a symbolic link); `None` for a file outside `root`.
+fn from_root(root: &Path, path: &Path) -> Option<PathBuf> {
+    match (root.canonicalize(), path.canonicalize()) {
+        (Ok(root), Ok(path)) => path.strip_prefix(root).ok().map(Path::to_path_buf),
+        _ => path.strip_prefix(root).ok().map(Path::to_path_buf),
     }
 }
 
@@ -128,9 +151,9 @@ pub fn report(
     }
 }
 
-/// `::error` lines: under a baseline, the gate's verdict and each scenario that regressed
-/// or was not run (failures the baseline shares are not the change's); without one, each
-/// scenario that failed or errored.
+/// `::error` lines: under a baseline, the gate's verdict and each scenario that regressed,
+/// was not run, or is new and failing (what fails the gate; failures the baseline shares
+/// are not the change's); without one, each scenario that failed or errored.
 fn annotations(
     locations: &Locations,
     stats: &RunStats,
@@ -163,20 +186,33 @@ fn annotations(
             for s in c
                 .scenarios
                 .iter()
-                .filter(|s| matches!(s.rate.verdict, Verdict::Regressed | Verdict::NotRun))
+                .filter(|s| {
+                    matches!(s.rate.verdict, Verdict::Regressed | Verdict::NotRun)
+                        || new_and_failing(s)
+                })
                 .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
             {
-                let what = match &s.not_run {
-                    Some(why) => format!("not run: {why}"),
-                    None => trellis_reports::compare::describe(&s.rate),
+                let (what, title) = match &s.not_run {
+                    Some(why) => (format!("not run: {why}"), "regressed"),
+                    None if s.rate.verdict == Verdict::Added => (
+                        format!(
+                            "new in the head run, and failing: {}{}",
+                            s.rate
+                                .head
+                                .map(|h| format!("{}/{} passed", h.passed, h.samples))
+                                .unwrap_or_default(),
+                            first_failure(stats, &s.suite, &s.scenario, &s.agent)
+                                .map(|f| format!("; {f}"))
+                                .unwrap_or_default()
+                        ),
+                        "new and failing",
+                    ),
+                    None => (trellis_reports::compare::describe(&s.rate), "regressed"),
                 };
                 lines.push(format!(
                     "::error {}title={}::{}",
                     place(&s.suite, &s.scenario),
-                    property(&format!(
-                        "{}/{} [{}] regressed",
-                        s.suite, s.scenario, s.agent
-                    )),
+                    property(&format!("{}/{} [{}] {title}", s.suite, s.scenario, s.agent)),
                     data(&what)
                 ));
             }
@@ -188,7 +224,8 @@ fn annotations(
                 .filter(|s| s.counts.failed + s.counts.errors > 0)
                 .take(MAX_ANNOTATIONS)
             {
-                let first = first_failure(stats, &s.suite, &s.scenario, &s.agent);
+                let first = first_failure(stats, &s.suite, &s.scenario, &s.agent)
+                    .or_else(|| s.first_fault.as_deref().map(cut_short));
                 lines.push(format!(
                     "::error {}title={}::{}",
                     place(&s.suite, &s.scenario),
@@ -241,8 +278,7 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
         } else {
             let _ = writeln!(
                 text,
-                "**Gate: no regression** against the baseline `{}`; failures it shares with \
-                 the baseline do not fail the build.\n",
+                "**Gate: no regression** against the baseline `{}`.\n",
                 code(baseline)
             );
         }
@@ -255,10 +291,22 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
     if !failing.is_empty() {
         let _ = writeln!(text, "Scenarios that failed or errored:\n");
         for s in failing.iter().take(MAX_LISTED) {
-            let first = first_failure(stats, &s.suite, &s.scenario, &s.agent);
+            let first = first_failure(stats, &s.suite, &s.scenario, &s.agent)
+                .or_else(|| s.first_fault.as_deref().map(cut_short));
+            // Under a baseline, what the gate made of it: a failure the baseline shares, or
+            // one too few to tell from chance, passes the gate, and says so.
+            let gate = comparison
+                .and_then(|(_, c)| {
+                    c.scenarios.iter().find(|g| {
+                        *g.suite == *s.suite && *g.scenario == *s.scenario && *g.agent == *s.agent
+                    })
+                })
+                .and_then(|g| gate_note(&g.rate))
+                .map(|note| format!(" ({note})"))
+                .unwrap_or_default();
             let _ = writeln!(
                 text,
-                "- `{}/{}` [{}]: {}{}",
+                "- `{}/{}` [{}]: {}{gate}{}",
                 code(&s.suite),
                 code(&s.scenario),
                 markdown(&s.agent),
@@ -306,17 +354,42 @@ fn outcome(c: &trellis_reports::stats::StatusCounts) -> String {
     parts.join(", ")
 }
 
+/// Whether the gate fails a scenario for being new: it was not in the baseline, and did
+/// not pass every time (as `trellis_reports::compare` counts it among the regressions).
+fn new_and_failing(s: &trellis_reports::compare::ScenarioChange) -> bool {
+    s.rate.verdict == Verdict::Added && s.rate.head.is_some_and(|h| h.passed < h.samples)
+}
+
+/// What the gate made of a failing scenario that did not fail it.
+fn gate_note(rate: &trellis_reports::compare::RateChange) -> Option<String> {
+    let change = trellis_reports::compare::describe(rate);
+    match rate.verdict {
+        Verdict::Unchanged => Some(format!("as in the baseline: {change}")),
+        Verdict::Improved => Some(format!("better than the baseline: {change}")),
+        Verdict::Noise => Some(format!(
+            "worse than the baseline, but within chance: {change}"
+        )),
+        Verdict::Regressed | Verdict::NotRun => Some(format!("regressed: {change}")),
+        Verdict::Added => Some("new in the head run".to_owned()),
+        Verdict::Removed | Verdict::NotComparable | Verdict::Ungated => None,
+    }
+}
+
 /// The first failed check of a scenario and why, cut short.
 fn first_failure(stats: &RunStats, suite: &str, scenario: &str, agent: &str) -> Option<String> {
     let c = stats.criteria.iter().find(|c| {
         c.failed > 0 && *c.suite == *suite && *c.scenario == *scenario && *c.agent == *agent
     })?;
     let why = c.first_failure.as_deref().unwrap_or("failed");
-    let text = format!("{}: {why}", c.criterion);
-    Some(match text.char_indices().nth(300) {
+    Some(cut_short(&format!("{}: {why}", c.criterion)))
+}
+
+/// `text`, at most 300 characters of it.
+fn cut_short(text: &str) -> String {
+    match text.char_indices().nth(300) {
         Some((at, _)) => format!("{}…", &text[..at]),
-        None => text,
-    })
+        None => text.to_owned(),
+    }
 }
 
 fn count(n: usize, one: &str, many: &str) -> String {

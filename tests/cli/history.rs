@@ -817,6 +817,103 @@ async fn a_run_in_a_github_workflow_annotates_failures_and_writes_the_job_summar
     assert!(stderr(&o).contains("::error file="), "{}", stderr(&o));
 }
 
+/// In a workflow whose step runs in a subdirectory (`working-directory: evals`), the
+/// annotations name files from the repository's root ($GITHUB_WORKSPACE), where GitHub
+/// looks for them. Under a baseline, a new scenario that fails the gate is annotated at
+/// its line; an error's line in the job summary says its fault's category; and a failure
+/// the baseline shares says so, instead of the summary claiming it of every failure.
+#[tokio::test]
+async fn github_annotations_name_files_from_the_workspace_and_say_what_the_gate_made_of_each() {
+    let (_held, down) = refused_port();
+    let workspace = tempfile::tempdir().unwrap();
+    let evals = workspace.path().join("evals");
+    std::fs::create_dir_all(evals.join("suites")).unwrap();
+    let suite = evals.join("suites/s.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "a" protocol="connexity" builtin="booking"
+agent "gone" protocol="connexity" url="http://127.0.0.1:{down}/agent/respond"
+scenario "old" {{
+    agent "a"
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}}
+scenario "down" {{
+    agent "gone"
+    user "Hi"
+    expect reply contains="hello"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    let summary = workspace.path().join("step-summary.md");
+    let in_workflow = |name: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .current_dir(&evals)
+            .args(["run", "suites", "--quiet", "--out"])
+            .arg(evals.join("runs").join(name))
+            .args(["--max-latency-increase", "100000"])
+            .args(extra)
+            .env("GITHUB_ACTIONS", "true")
+            .env("GITHUB_WORKSPACE", workspace.path())
+            .env("GITHUB_STEP_SUMMARY", &summary);
+        command.output()
+    };
+    let o = in_workflow("base", &[]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "::error file=evals/suites/s.kdl,line=8,title=s/down [gone] failed::1 of 1 ended \
+             in an error; connect: could not connect to 127.0.0.1:"
+        ),
+        "{text}"
+    );
+    let written = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        written.contains("- `s/down` [gone]: 1 of 1 ended in an error: connect: could not connect"),
+        "{written}"
+    );
+
+    // A new scenario that fails, beside the error the baseline had too.
+    let mut text = std::fs::read_to_string(&suite).unwrap();
+    text.push_str(
+        "scenario \"newone\" {\n    agent \"a\"\n    user \"Hi\"\n    \
+         expect reply contains=\"NEVER-SAID\"\n}\n",
+    );
+    std::fs::write(&suite, text).unwrap();
+    std::fs::remove_file(&summary).unwrap();
+    let o = in_workflow("head", &["--baseline", "base"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("::error")).collect();
+    assert_eq!(errors.len(), 2, "{text}");
+    assert!(
+        errors[0].starts_with("::error title=Trellis gate::1 regression"),
+        "{text}"
+    );
+    assert!(
+        errors[1].starts_with(
+            "::error file=evals/suites/s.kdl,line=13,title=s/newone [a] new and failing::new \
+             in the head run, and failing: 0/1 passed; reply contains=\"NEVER-SAID\": "
+        ),
+        "{text}"
+    );
+    let written = std::fs::read_to_string(&summary).unwrap();
+    assert!(written.contains("**Gate: regressed**"), "{written}");
+    assert!(
+        written.contains(
+            "- `s/down` [gone]: 1 of 1 ended in an error (as in the baseline: 0/1 → 0/1 \
+             passed): connect: could not connect"
+        ),
+        "{written}"
+    );
+    assert!(!written.contains("failures it shares"), "{written}");
+}
+
 /// Taking a test out, or running it fewer times, is shown and counted; with `--gate-removed`
 /// it fails the comparison, one line each.
 #[tokio::test]
