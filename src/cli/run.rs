@@ -74,9 +74,13 @@ pub fn run(args: RunArgs) -> u8 {
     {
         errln!(
             "error: shard {} runs part of the plan, so it cannot be compared with a whole \
-             run; merge the shards (`trellis merge SHARD_DIR… --out DIR`), then `trellis \
-             compare BASELINE DIR`",
-            chosen.shard
+             run; gate the merged run instead: `trellis merge SHARD_DIR… --out DIR \
+             --baseline{}` (docs/sharding.md)",
+            chosen.shard,
+            match args.baseline.as_deref() {
+                Some("pinned") | None => String::new(),
+                Some(run) => format!(" {run}"),
+            }
         );
         return EXIT_INVALID;
     }

@@ -1195,7 +1195,13 @@ async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
         (
             &["--shard", "1/2", "--baseline"],
             &[],
-            "cannot be compared with a whole run",
+            "cannot be compared with a whole run; gate the merged run instead: `trellis merge \
+             SHARD_DIR… --out DIR --baseline` (docs/sharding.md)",
+        ),
+        (
+            &["--shard", "1/2", "--baseline", "main-nightly"],
+            &[],
+            "`trellis merge SHARD_DIR… --out DIR --baseline main-nightly`",
         ),
         (
             &["--shard", "1/2", "--shard-costs", "nope"],
