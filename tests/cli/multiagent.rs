@@ -543,3 +543,56 @@ async fn a_request_a_long_lived_agent_died_under_is_counted_for_the_run() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stdout(&o).contains("RESTARTED"), "{}", stdout(&o));
 }
+
+/// A long-lived agent that dies on a task every time: the request sent again to a new
+/// process fails too, so the turn has the fault (and says it was sent again), and the run
+/// does not count it among the requests a new process answered (the console said "whose
+/// answer the turn has (no check fails for it)" of a turn with no answer and a failed check).
+#[tokio::test]
+async fn a_request_sent_again_that_fails_again_is_the_turns_fault_not_a_restart() {
+    const DIES_ALWAYS: &str = r#"
+import json, sys
+for line in sys.stdin:
+    task = json.loads(line)["task_description"]
+    if "fragile" in task:
+        sys.exit(3)
+    print(json.dumps({"action": "final_answer", "summary": "done: " + task}), flush=True)
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        DIES_ALWAYS,
+        "long-lived",
+        r#"scenario "a" { user "first"; expect no-error; user "fragile one"; expect no-error }"#,
+    );
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let said = flat(&stdout(&o));
+    assert!(!said.contains("RESTARTED"), "{said}");
+    assert!(
+        said.contains(
+            "the request was sent again on a new process: the first ended without answering"
+        ),
+        "{said}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert!(
+        summary["stats"]["aggregates"]["requests_resent"]
+            .as_object()
+            .is_none_or(|m| m.is_empty()),
+        "{summary}"
+    );
+    let turns = read_parquet(&out.join("turns.parquet"));
+    assert_eq!(
+        strings(&turns, "fault_category"),
+        [None, Some("transport".to_string())]
+    );
+}

@@ -449,15 +449,18 @@ impl LineTransport {
                 },
                 first.message
             );
-            // A socket's server closing a kept connection between calls is ordinary; a
-            // process that ended under a request may have died of it.
-            if let LineEndpoint::Process(spec) = &self.endpoint {
-                self.resent.add(spec.command.clone(), 1);
-            }
             result = self.exchange(open, request, timeout, &mut fresh).await;
             end_after_failure(open, &result).await;
             match &mut result {
-                Ok(reply) => reply.log.insert_str(0, &note),
+                Ok(reply) => {
+                    // Counted for the run only when the new process answered: then the
+                    // turn has no fault and nothing else shows the death. A socket's
+                    // server closing a kept connection between calls is ordinary.
+                    if let LineEndpoint::Process(spec) = &self.endpoint {
+                        self.resent.add(spec.command.clone(), 1);
+                    }
+                    reply.log.insert_str(0, &note);
+                }
                 Err(fault) => {
                     fault.message.push_str("; ");
                     fault.message.push_str(note.trim_end());
