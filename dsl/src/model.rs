@@ -1272,11 +1272,12 @@ fn checks_on_path<'a, 'n>(
 ) {
     for step in steps {
         match &step.kind {
-            StepKind::User(_) => *turns = turns.map(|t| t + 1),
-            StepKind::Simulate { .. }
-            | StepKind::Call { .. }
-            | StepKind::Hitl { .. }
-            | StepKind::Attack(_) => *turns = None,
+            // A Fixie `call` is one turn, as a `user` step is; a `hitl` step is one only on
+            // an agent that paused (a `multiagent` one), which the suite does not say.
+            StepKind::User(_) | StepKind::Call { .. } => *turns = turns.map(|t| t + 1),
+            StepKind::Simulate { .. } | StepKind::Hitl { .. } | StepKind::Attack(_) => {
+                *turns = None
+            }
             StepKind::Capture { .. } => {}
             StepKind::Expect(criteria) => {
                 let turn = turns.and_then(|t| t.checked_sub(1));

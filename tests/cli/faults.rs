@@ -1105,3 +1105,38 @@ scenario "echoes" {
         "{said}"
     );
 }
+
+/// After Fixie `call` steps (a turn each, as `user` steps are) a failed check is placed at
+/// the one line that wrote it for that turn, not at every place it is written.
+#[tokio::test]
+async fn a_check_after_fixie_calls_is_placed_at_its_own_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"n\" protocol=\"fixie\" builtin=\"numbers\"\n\
+         scenario \"loc\" {\n    \
+             agent \"n\"\n    \
+             call \"echo\" \"hi\"\n    \
+             expect no-error\n    \
+             call \"fail\" \"x\"\n    \
+             expect no-error\n\
+         }\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o);
+    let line = said
+        .lines()
+        .find(|l| l.contains("✗ turn 1: no-error"))
+        .unwrap_or_else(|| panic!("no failed check in {said}"));
+    assert!(line.ends_with("/suite.kdl:7:12)"), "{line}");
+    assert!(!line.contains(":5:12"), "{line}");
+}
