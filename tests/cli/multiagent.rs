@@ -596,3 +596,45 @@ for line in sys.stdin:
         [None, Some("transport".to_string())]
     );
 }
+
+/// A tool's result is recorded (tool_calls.result) as the agent was sent it in
+/// `Tool 'NAME' returned: {…}`, not re-serialised (keys sorted, no spaces), so the record
+/// can be compared with the agent's own log.
+#[tokio::test]
+async fn a_tool_result_is_recorded_as_the_agent_was_sent_it() {
+    const CALLS_A_TOOL: &str = r#"
+import json, sys
+task = json.loads(sys.stdin.read())["task_description"]
+if task.startswith("Tool "):
+    print(json.dumps({"action": "final_answer", "summary": task}))
+else:
+    print(json.dumps({"action": "call_tool", "tool_name": "apply_refund", "tool_params": {"amount": 50}}))
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        CALLS_A_TOOL,
+        "per-call",
+        r##"tool "apply_refund" { mock returns=#"{"status": "success", "refunded": 50, "note": "Zoë"}"#; }
+scenario "refund" { user "refund"; expect no-error }"##,
+    );
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let sent = strings(&read_parquet(&out.join("turns.parquet")), "reply");
+    let recorded = strings(&read_parquet(&out.join("tool_calls.parquet")), "result");
+    let expected = r#"{"status": "success", "note": "Zo\u00eb", "refunded": 50}"#;
+    assert_eq!(recorded, [Some(expected.to_string())]);
+    assert_eq!(
+        sent,
+        [Some(format!(
+            "Tool 'apply_refund' returned: {expected}. Continue with the task."
+        ))]
+    );
+}

@@ -153,9 +153,10 @@ async fn a_tool_loop_over_http_feeds_the_sandbox_result_back() {
     let call = &turn.tool_calls[0];
     assert_eq!(call.name, "get_customer_details");
     assert_eq!(call.arguments, r#"{"customer_id":"cust_123"}"#);
+    // As the feedback quotes it (`json.dumps`).
     assert_eq!(
         call.result.as_deref(),
-        Some(r#"{"customer":"Jane Doe","tier":"100 Mbps"}"#)
+        Some(r#"{"customer": "Jane Doe", "tier": "100 Mbps"}"#)
     );
     let roles: Vec<&str> = turn.messages.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(roles, ["assistant", "tool", "assistant"]);
@@ -274,7 +275,7 @@ async fn the_action_cap_ends_the_loop_with_a_fault() {
     // The harness default answers an undeclared tool.
     assert_eq!(
         turn.tool_calls[0].result.as_deref(),
-        Some(r#"{"message":"Executed check_status","status":"success"}"#)
+        Some(r#"{"status": "success", "message": "Executed check_status"}"#)
     );
     assert_eq!(turn.reply, None);
 }

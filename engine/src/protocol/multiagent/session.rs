@@ -633,7 +633,9 @@ impl MultiAgentSession {
             let arguments = Value::Object(call.params.clone()).to_string();
             let outcome = self.sandbox.call(&call.name, &Value::Object(call.params));
             let result = outcome.result_object();
-            let result_text = result.to_string();
+            // Recorded as the agent is sent it (`Tool 'NAME' returned: {…}`): the harness's
+            // `json.dumps`, `status` first, not serde's sorted and compact text.
+            let result_text = crate::sandbox::python_json_dumps(&result);
             message.tool_calls.push(crate::protocol::ToolCall {
                 id: id.clone(),
                 kind: "function".into(),
