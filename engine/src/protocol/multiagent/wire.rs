@@ -660,9 +660,9 @@ fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
         && offending.is_some_and(|(_, line, garbled)| {
             garbled && !line.trim_ascii_start().starts_with(b"{")
         });
-    // Said of a process's stdout and of a socket alike.
-    const LOGS: &str =
-        " (an agent writes only its answers there: a process logs on stderr, not stdout)";
+    // Said of a process's stdout and of a socket alike (the decoder is told neither).
+    const LOGS: &str = " (an agent writes only its answers there: a process logs on stderr, \
+                        a socket server in its own log)";
     // Every line JSON, more than one, on a process's stdout: answers written twice, as a
     // kept process or socket reports them (`protocol`, naming the line); it was
     // `invalid_json` for a process per call.
@@ -934,6 +934,20 @@ mod tests {
             Ok(reply) => panic!("{body:?} decoded to {reply:?}"),
             Err(fault) => fault,
         }
+    }
+
+    /// A log line where an answer was due is the agent's protocol fault, and the message
+    /// says where logs go for both kinds of line agent (it spoke of stdout to a socket's).
+    #[test]
+    fn a_log_line_where_an_answer_was_due_says_where_logs_go() {
+        let fault = fault(b"# agent v1 ready");
+        assert_eq!(fault.category, FaultCategory::Protocol);
+        assert_eq!(
+            fault.message,
+            "the agent wrote a line that is not JSON where its answer was due (an agent writes \
+             only its answers there: a process logs on stderr, a socket server in its own \
+             log): # agent v1 ready"
+        );
     }
 
     fn object(value: Value) -> Map<String, Value> {
