@@ -132,11 +132,11 @@ pub async fn open(
         }
     };
     let status = response.status();
+    // A value that is not text (bytes outside ASCII) is shown as it reads, not as missing.
     let content_type = response
         .headers()
         .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.to_ascii_lowercase());
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase());
     let media_type = content_type
         .as_deref()
         .and_then(|v| v.split(';').next())

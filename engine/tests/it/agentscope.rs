@@ -420,6 +420,22 @@ async fn a_response_without_the_event_stream_content_type_is_a_protocol_fault() 
     let message = fault(&turn, FaultCategory::Protocol);
     assert!(message.contains("Content-Type: text/html"), "{message}");
     assert!(message.contains("Welcome to nginx"), "{message}");
+
+    // A value with bytes outside ASCII (Latin-1 `é`) is there, and said as it reads.
+    let server = ScriptedServer::steps(vec![
+        Step::Write(
+            b"HTTP/1.1 200 X\r\nConnection: close\r\nContent-Type: text/plain; charset=caf\xe9\r\n\r\n"
+                .to_vec(),
+        ),
+        raw("not events"),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(
+        message.contains("got Content-Type: text/plain; charset=caf\u{fffd}"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
