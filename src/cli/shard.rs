@@ -21,6 +21,9 @@ use super::console::{self, errln};
 /// The variables a runner sets, read in this order.
 pub const KUBERNETES_INDEX: &str = "JOB_COMPLETION_INDEX";
 pub const SHARDS_VAR: &str = "TRELLIS_SHARDS";
+/// Not read: the name a user reaches for (`TRELLIS_SHARD=2/4`) beside [`SHARDS_VAR`]. Set,
+/// each job would run the whole plan without a word, so it is refused.
+pub const SHARD_VAR_MISTAKE: &str = "TRELLIS_SHARD";
 pub const GITLAB_INDEX: &str = "CI_NODE_INDEX";
 pub const GITLAB_TOTAL: &str = "CI_NODE_TOTAL";
 pub const BUILDKITE_INDEX: &str = "BUILDKITE_PARALLEL_JOB";
@@ -93,6 +96,14 @@ pub enum ShardEnvError {
         )
     )]
     NoIndexVar { value: String },
+    #[error("{SHARD_VAR_MISTAKE}={value} is set, but Trellis reads no such variable")]
+    #[diagnostic(
+        code(trellis::shard::unknown_var),
+        help(
+            "pass the shard on the command line: --shard I/N (e.g. --shard \"${SHARD_VAR_MISTAKE}\"); {SHARDS_VAR} is only the count, for a Kubernetes Indexed Job; unset {SHARD_VAR_MISTAKE} to run the whole plan"
+        )
+    )]
+    UnknownVar { value: String },
     #[error("{text} from {source_name}")]
     #[diagnostic(code(trellis::shard::env))]
     Shard {
@@ -236,7 +247,10 @@ pub fn choose(
         // Set for a Kubernetes Indexed Job, whose index is missing: each pod running the
         // whole plan would run it N times.
         (None, Some(value)) => Err(ShardEnvError::NoIndexVar { value }),
-        (None, None) => Ok(None),
+        (None, None) => match read(SHARD_VAR_MISTAKE) {
+            Some(value) => Err(ShardEnvError::UnknownVar { value }),
+            None => Ok(None),
+        },
     }
 }
 
@@ -512,6 +526,15 @@ mod tests {
             err(None, &[(GITLAB_INDEX, "1")]),
             ShardEnvError::HalfSet { .. }
         ));
+        // The variable a user guesses: each job would run the whole plan.
+        assert!(matches!(
+            err(None, &[(SHARD_VAR_MISTAKE, "2/4")]),
+            ShardEnvError::UnknownVar { .. }
+        ));
+        assert_eq!(
+            pick(Some("2/4"), None, &[(SHARD_VAR_MISTAKE, "2/4")]),
+            Some((2, 4))
+        );
         assert!(matches!(
             err(Some(2), &[(GITLAB_INDEX, "1"), (GITLAB_TOTAL, "3")]),
             ShardEnvError::CountMismatch { .. }

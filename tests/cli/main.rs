@@ -96,9 +96,10 @@ pub fn stdout_on_terminal(
 /// The variables by which a CI runner or Kubernetes tells `trellis run` its shard: tests
 /// that run on such a runner (GitLab `parallel`, Buildkite `parallelism`) must not have every
 /// run they start take only part of its suite. Tests of sharding set them themselves.
-pub const RUNNER_SHARD_VARS: [&str; 6] = [
+pub const RUNNER_SHARD_VARS: [&str; 7] = [
     "JOB_COMPLETION_INDEX",
     "TRELLIS_SHARDS",
+    "TRELLIS_SHARD",
     "CI_NODE_INDEX",
     "CI_NODE_TOTAL",
     "BUILDKITE_PARALLEL_JOB",

@@ -1193,6 +1193,11 @@ async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
         ),
         (&["--shard-costs", "none"], &[], "this run is not sharded"),
         (
+            &[],
+            &[("TRELLIS_SHARD", "2/4")],
+            "TRELLIS_SHARD=2/4 is set, but Trellis reads no such variable",
+        ),
+        (
             &["--shard", "1/2", "--baseline"],
             &[],
             "cannot be compared with a whole run; gate the merged run instead: `trellis merge \
