@@ -40,8 +40,9 @@ pub struct MergeArgs {
     /// or copies of their run.json, shard.json and journal.jsonl.zst).
     #[arg(required = true, value_name = "SHARD_DIR")]
     dirs: Vec<PathBuf>,
-    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run is
-    /// refused unless --replace is given.
+    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run, or
+    /// files of the names a run writes (junit.xml, report.html, …), is refused unless
+    /// --replace is given.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Let --out replace the earlier run in that directory.

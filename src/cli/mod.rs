@@ -275,8 +275,9 @@ pub struct RunArgs {
     paths: PathArgs,
     #[command(flatten)]
     select: SelectArgs,
-    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run is
-    /// refused unless --replace is given.
+    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run, or
+    /// files of the names a run writes (junit.xml, report.html, …), is refused unless
+    /// --replace is given.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Let --out replace the earlier run in that directory (its journal, tables and reports

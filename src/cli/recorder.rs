@@ -58,6 +58,26 @@ pub(super) fn claim_out_dir(
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
     let Some(journal) = trellis_engine::journal::find(out) else {
+        // No earlier run, but files of the names a run writes (a CI job's own junit.xml,
+        // a run's tables whose journal was removed): not overwritten unasked either.
+        let in_the_way: Vec<&str> = trellis_reports::RESULT_FILES
+            .into_iter()
+            .filter(|name| std::fs::symlink_metadata(out.join(name)).is_ok_and(|m| m.is_file()))
+            .collect();
+        if in_the_way.is_empty() {
+            return Ok(claim);
+        }
+        if !replace {
+            return Err(format!(
+                "{} holds {}, which this run would overwrite (and no run's journal); pass \
+                 --replace to overwrite {} or choose another --out",
+                out.display(),
+                in_the_way.join(", "),
+                if in_the_way.len() == 1 { "it" } else { "them" },
+            ));
+        }
+        clear_results(out)
+            .map_err(|(path, e)| format!("cannot remove {} to replace it: {e}", path.display()))?;
         return Ok(claim);
     };
     if !replace {

@@ -573,6 +573,47 @@ async fn out_refuses_an_earlier_run_unless_told_to_replace_it() {
     assert_complete(&out, 1);
 }
 
+/// A directory without a run but with files of the names a run writes (a CI job's own
+/// junit.xml) is refused as an earlier run is: they were overwritten without a word.
+#[tokio::test]
+async fn out_refuses_to_overwrite_results_files_that_are_not_a_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ci");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("junit.xml"), "<mine/>").unwrap();
+    std::fs::write(out.join("notes.txt"), "kept").unwrap();
+    let run = |extra: &'static [&'static str]| {
+        let mut cmd = trellis();
+        cmd.args(["run", "suites/", "--filter", "price-first", "--out"])
+            .arg(&out)
+            .args(extra);
+        cmd
+    };
+    let o = run(&[]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        flat(&stderr(&o)).contains(
+            "holds junit.xml, which this run would overwrite (and no run's journal); pass \
+             --replace to overwrite it or choose another --out"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("junit.xml")).unwrap(),
+        "<mine/>"
+    );
+    assert!(!out.join(crate::JOURNAL).exists());
+
+    let o = run(&["--replace"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_complete(&out, 1);
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "kept"
+    );
+}
+
 /// Repetitions whose checks did not run for different reasons are listed apart: two that
 /// answered (only the judged check skipped, no judge) are not said to have lost their
 /// reply check to the fault two others had.
