@@ -79,6 +79,9 @@ pub struct LoadInfo {
     /// Scenario `simulator` blocks no `simulate` step takes: nothing runs them, but what is
     /// wrong in them is still an error now rather than once a step is added.
     pub unused_simulators: Vec<Simulator>,
+    /// Branch `persona`s no `simulate` step of the branch plays: a name that is not a
+    /// persona is still an error (a typo there would otherwise pass unseen).
+    pub unused_personas: Vec<std::sync::Arc<PersonaRef>>,
     /// Per `dataset` id: the columns its file has, or `None` when it was not read (a format
     /// this process has no reader of): `row.*` is then not checked.
     pub dataset_columns: HashMap<String, Option<Vec<String>>>,
@@ -102,6 +105,7 @@ impl LoadInfo {
             suite_spans,
             protocols: _,
             unused_simulators,
+            unused_personas,
             dataset_columns,
         } = file;
         self.broken |= broken;
@@ -111,6 +115,7 @@ impl LoadInfo {
         self.failed_captures.extend(failed_captures);
         self.suite_spans.extend(suite_spans);
         self.unused_simulators.extend(unused_simulators);
+        self.unused_personas.extend(unused_personas);
         self.dataset_columns.extend(dataset_columns);
     }
 }
@@ -951,6 +956,11 @@ impl<'p> Validator<'p> {
         }
         for sim in &self.info.unused_simulators {
             self.simulator(sim, None);
+        }
+        for persona in &self.info.unused_personas {
+            if let PersonaRef::Named(name) = &**persona {
+                self.reference(RefKind::Persona, name);
+            }
         }
         for judge in &p.judges {
             self.reference(RefKind::Provider, &judge.provider);

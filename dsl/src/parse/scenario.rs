@@ -860,21 +860,27 @@ impl<'f> Decoder<'f> {
 
 /// Gives `persona` to every `simulate` step of a branch's `steps` (and of their branches)
 /// that has none yet: the innermost branch's persona wins.
-pub(super) fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
+/// Whether any step took it (or had a persona of its own, an inner branch's: the
+/// persona was still written for the branch's `simulate` steps).
+pub(super) fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) -> bool {
+    let mut taken = false;
     for step in steps {
         match &mut step.kind {
-            StepKind::Simulate {
-                persona: slot @ None,
-                ..
-            } => *slot = Some(persona.clone()),
+            StepKind::Simulate { persona: slot, .. } => {
+                taken = true;
+                if slot.is_none() {
+                    *slot = Some(persona.clone());
+                }
+            }
             StepKind::Fork(branches) => {
                 for branch in branches {
-                    assign_persona(&mut branch.steps, persona);
+                    taken |= assign_persona(&mut branch.steps, persona);
                 }
             }
             _ => {}
         }
     }
+    taken
 }
 
 /// Gives `simulator` to every `simulate` step of `steps` (and of their branches): a step that

@@ -87,7 +87,10 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 if let Some(persona) = persona {
-                    assign_persona(&mut steps, &std::sync::Arc::new(persona));
+                    let persona = std::sync::Arc::new(persona);
+                    if !assign_persona(&mut steps, &persona) {
+                        self.info.unused_personas.push(persona);
+                    }
                 }
                 all_turn &= turn;
                 if let Some(name) = name {
