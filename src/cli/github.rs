@@ -66,10 +66,11 @@ impl Locations {
                 Some(cwd) if file.path.is_relative() => cwd.join(&file.path),
                 _ => file.path.clone(),
             };
-            let path = root
-                .as_deref()
-                .and_then(|root| from_root(root, &absolute))
-                .unwrap_or_else(|| file.path.clone());
+            // A file outside the repository (suites in /tmp, another checkout) has no path
+            // GitHub can place: its annotation names no file, as one on the job.
+            let Some(path) = root.as_deref().and_then(|root| from_root(root, &absolute)) else {
+                continue;
+            };
             at.insert((suite.to_owned(), scenario.id.value.clone()), (path, line));
         }
         Some(Locations(at))

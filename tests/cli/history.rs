@@ -912,6 +912,23 @@ scenario "down" {{
         "{written}"
     );
     assert!(!written.contains("failures it shares"), "{written}");
+
+    // Suites outside the workspace have no path GitHub can place: no `file=`, rather than
+    // one relative to somewhere else.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .current_dir(&evals)
+        .args(["run", "suites", "--quiet", "--out"])
+        .arg(evals.join("runs/outside"))
+        .env("GITHUB_ACTIONS", "true")
+        .env("GITHUB_WORKSPACE", elsewhere.path())
+        .output()
+        .await
+        .unwrap();
+    let text = stdout(&o);
+    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("::error")).collect();
+    assert!(!errors.is_empty(), "{text}");
+    assert!(errors.iter().all(|e| !e.contains("file=")), "{text}");
 }
 
 /// Taking a test out, or running it fewer times, is shown and counted; with `--gate-removed`

@@ -234,9 +234,14 @@ async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_
         }
     }
     let step_summary = tmp.path().join("step-summary.md");
+    // On GitHub every job's checkout is at one path, $GITHUB_WORKSPACE; here each job has
+    // its own, and the merge places annotations by the first job's, whose suites the shards
+    // recorded.
+    let first_checkout = tmp.path().join(format!("job-{}", indices[0]));
     let in_workflow = [
         ("GITHUB_ACTIONS", "true".to_owned()),
         ("GITHUB_STEP_SUMMARY", step_summary.display().to_string()),
+        ("GITHUB_WORKSPACE", first_checkout.display().to_string()),
     ];
     let merged = runner_command(&bash, &merge, &merge_ws, &in_workflow)
         .output()
