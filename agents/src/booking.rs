@@ -164,6 +164,7 @@ pub fn answer(body: &[u8]) -> Result<Vec<u8>, String> {
             prompt_tokens: Some(prompt_words),
             completion_tokens: Some(completion_words),
             total_tokens: Some(prompt_words + completion_words),
+            priced_prompt_tokens: None,
         },
         metadata: serde_json::Map::new(),
     };

@@ -251,20 +251,64 @@ enum StreamedBlock {
 /// A whole answer's `usage`, when it has one.
 pub(super) fn usage_of(value: &Value) -> Option<Usage> {
     value.get("usage").filter(|u| u.is_object()).map(|u| {
-        let input = u.get("input_tokens").and_then(Value::as_u64);
         let output = u.get("output_tokens").and_then(Value::as_u64);
-        Usage {
-            cost: Default::default(),
-            prompt_tokens: input,
-            completion_tokens: output,
-            total_tokens: input.zip(output).map(|(i, o)| i.saturating_add(o)),
-        }
+        tokens(Prompt::of(u), output).unwrap_or_default()
     })
 }
 
-/// The usage of a stream's `input_tokens` (from `message_start`) and `output_tokens` (the
-/// last `message_delta`), when either was given.
-fn tokens(input_tokens: Option<u64>, output_tokens: Option<u64>) -> Option<Usage> {
+/// An answer's prompt tokens. With prompt caching, `input_tokens` counts only those after
+/// the last cache breakpoint; the prompt is those plus the tokens written to the cache
+/// (`cache_creation_input_tokens`) and read from it (`cache_read_input_tokens`), which are
+/// billed at other rates: written at 1.25× the input price (2× for the one-hour cache,
+/// `cache_creation.ephemeral_1h_input_tokens`), read at 0.1×.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Prompt {
+    tokens: u64,
+    /// In input tokens as billed; `None` when nothing was cached.
+    priced: Option<f64>,
+}
+
+impl Prompt {
+    fn of(usage: &Value) -> Option<Prompt> {
+        let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+        let input = field("input_tokens");
+        let written = field("cache_creation_input_tokens");
+        let read = field("cache_read_input_tokens");
+        if input.is_none() && written.is_none() && read.is_none() {
+            return None;
+        }
+        let (written, read) = (written.unwrap_or(0), read.unwrap_or(0));
+        let tokens = input
+            .unwrap_or(0)
+            .saturating_add(written)
+            .saturating_add(read);
+        if written == 0 && read == 0 {
+            return Some(Prompt {
+                tokens,
+                priced: None,
+            });
+        }
+        let hour = usage
+            .get("cache_creation")
+            .and_then(|c| c.get("ephemeral_1h_input_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(written);
+        let priced = input.unwrap_or(0) as f64
+            + (written - hour) as f64 * 1.25
+            + hour as f64 * 2.0
+            + read as f64 * 0.1;
+        Some(Prompt {
+            tokens,
+            priced: Some(priced),
+        })
+    }
+}
+
+/// The usage of a prompt (a stream's from `message_start`) and `output_tokens` (the last
+/// `message_delta`), when either was given.
+fn tokens(prompt: Option<Prompt>, output_tokens: Option<u64>) -> Option<Usage> {
+    let input_tokens = prompt.map(|p| p.tokens);
     (input_tokens.is_some() || output_tokens.is_some()).then(|| Usage {
         cost: Default::default(),
         prompt_tokens: input_tokens,
@@ -272,6 +316,7 @@ fn tokens(input_tokens: Option<u64>, output_tokens: Option<u64>) -> Option<Usage
         total_tokens: input_tokens
             .zip(output_tokens)
             .map(|(i, o)| i.saturating_add(o)),
+        priced_prompt_tokens: prompt.and_then(|p| p.priced),
     })
 }
 
@@ -341,7 +386,7 @@ pub async fn read_events(
                 model = value.get("message").and_then(codec::model_of).or(model);
                 let usage = value.get("message").and_then(|m| m.get("usage"));
                 let field = |name: &str| usage.and_then(|u| u.get(name)).and_then(Value::as_u64);
-                input_tokens = field("input_tokens").or(input_tokens);
+                input_tokens = usage.and_then(Prompt::of).or(input_tokens);
                 // Its `output_tokens` is a placeholder (1) until the closing `message_delta`
                 // says how many: a stream cut before that reported its prompt tokens only,
                 // which the turn marks partial (`tokens_partial`). Kept for a stream that
@@ -454,8 +499,16 @@ pub async fn read_events(
                 {
                     stop_reason = Some(reason.to_owned());
                 }
-                if let Some(tokens) = value
-                    .get("usage")
+                // Its usage is cumulative: prompt counts it repeats are `message_start`'s,
+                // or more complete (a server that fills them in only at the end); fewer
+                // (a `0` placeholder) are not taken.
+                let usage = value.get("usage");
+                if let Some(prompt) = usage.and_then(Prompt::of)
+                    && input_tokens.is_none_or(|p| prompt.tokens > p.tokens)
+                {
+                    input_tokens = Some(prompt);
+                }
+                if let Some(tokens) = usage
                     .and_then(|u| u.get("output_tokens"))
                     .and_then(Value::as_u64)
                 {

@@ -221,7 +221,7 @@ impl LlmCache {
                     input_tokens: completion.input_tokens,
                     output_tokens: completion.output_tokens,
                     cost: client
-                        .cost(completion.input_tokens, completion.output_tokens)
+                        .cost(completion.priced_input(), completion.output_tokens)
                         .map(|_| 0.0),
                     latency_ms: started.elapsed().as_secs_f64() * 1000.0,
                     cache: CacheUse::Hit,

@@ -291,7 +291,7 @@ impl ChatClient {
             Ok(answer) => {
                 let mut usage = answer.usage;
                 if let (Some(provider), Some(usage)) = (&config.provider, usage.as_mut()) {
-                    usage.cost = provider.cost(usage.prompt_tokens, usage.completion_tokens);
+                    usage.cost = provider.cost(usage.priced_prompt(), usage.completion_tokens);
                 }
                 // Spent whether or not the answer is whole.
                 exchange.usage = usage;
@@ -331,7 +331,7 @@ impl ChatClient {
                 // Spent whether or not the answer is whole.
                 let mut usage = heard.usage;
                 if let (Some(provider), Some(usage)) = (&config.provider, usage.as_mut()) {
-                    usage.cost = provider.cost(usage.prompt_tokens, usage.completion_tokens);
+                    usage.cost = provider.cost(usage.priced_prompt(), usage.completion_tokens);
                 }
                 exchange.usage = usage;
                 (

@@ -84,6 +84,7 @@ impl Answer {
             input_tokens: usage.and_then(|u| u.prompt_tokens),
             output_tokens: usage.and_then(|u| u.completion_tokens),
             finish_reason,
+            priced_input_tokens: usage.and_then(|u| u.priced_prompt_tokens),
         })
     }
 }

@@ -545,6 +545,7 @@ mod tests {
             completion_tokens: Some(5),
             total_tokens: None,
             cost: Some(0.6),
+            priced_prompt_tokens: None,
         };
         let tab = meter.tab();
         tab.admit(0.6).await.unwrap();

@@ -142,6 +142,17 @@ pub struct Completion {
     pub output_tokens: Option<u64>,
     /// `stop`, `length`, `end_turn`, `max_tokens`, …
     pub finish_reason: Option<String>,
+    /// [`crate::transport::Usage::priced_prompt_tokens`] of the answer.
+    #[serde(skip)]
+    pub priced_input_tokens: Option<f64>,
+}
+
+impl Completion {
+    /// The prompt's tokens as the provider bills them, in input tokens.
+    pub fn priced_input(&self) -> Option<f64> {
+        self.priced_input_tokens
+            .or(self.input_tokens.map(|t| t as f64))
+    }
 }
 
 /// Why an LLM call produced no usable answer. Messages never contain the API key.

@@ -265,6 +265,7 @@ pub(super) fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
         prompt_tokens: field("prompt_tokens"),
         completion_tokens: field("completion_tokens"),
         total_tokens: field("total_tokens"),
+        priced_prompt_tokens: None,
     })
 }
 

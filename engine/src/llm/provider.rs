@@ -363,17 +363,17 @@ impl ProviderClient {
     }
 
     /// The cost of `input` and `output` tokens at the provider's prices, when it has any.
-    pub fn cost(&self, input: Option<u64>, output: Option<u64>) -> Option<f64> {
+    /// `input` is in input tokens as billed ([`crate::transport::Usage::priced_prompt`]).
+    pub fn cost(&self, input: Option<f64>, output: Option<u64>) -> Option<f64> {
         if self.input_price.is_none() && self.output_price.is_none() {
             return None;
         }
         if input.is_none() && output.is_none() {
             return None;
         }
-        let part = |tokens: Option<u64>, price: Option<f64>| {
-            tokens.unwrap_or(0) as f64 * price.unwrap_or(0.0) / 1_000_000.0
-        };
-        Some(part(input, self.input_price) + part(output, self.output_price))
+        let input = input.unwrap_or(0.0) * self.input_price.unwrap_or(0.0);
+        let output = output.unwrap_or(0) as f64 * self.output_price.unwrap_or(0.0);
+        Some((input + output) / 1_000_000.0)
     }
 
     /// The most a request of `prompt_chars` characters of prompt that may write `max_tokens`
@@ -383,7 +383,7 @@ impl ProviderClient {
     pub fn reservation(&self, prompt_chars: usize, max_tokens: Option<u32>) -> f64 {
         let prompt = u64::try_from(prompt_chars / 4).unwrap_or(u64::MAX);
         let output = u64::from(max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS));
-        self.cost(Some(prompt), Some(output)).unwrap_or(0.0)
+        self.cost(Some(prompt as f64), Some(output)).unwrap_or(0.0)
     }
 
     /// Sends `request` and reads the answer, within the provider's limits, retrying what is
@@ -413,7 +413,7 @@ impl ProviderClient {
         if let Ok(completion) = &result {
             call.input_tokens = completion.input_tokens;
             call.output_tokens = completion.output_tokens;
-            call.cost = self.cost(completion.input_tokens, completion.output_tokens);
+            call.cost = self.cost(completion.priced_input(), completion.output_tokens);
         }
         if let Err(e) = &result {
             call.error = Some(e.to_string());
@@ -480,7 +480,7 @@ impl ProviderClient {
                 if let Some(usage) = codec::usage_in(self.kind, &body) {
                     call.input_tokens = usage.prompt_tokens;
                     call.output_tokens = usage.completion_tokens;
-                    call.cost = self.cost(usage.prompt_tokens, usage.completion_tokens);
+                    call.cost = self.cost(usage.priced_prompt(), usage.completion_tokens);
                 }
                 self.decode_error(e)
             })

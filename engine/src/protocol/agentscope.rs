@@ -869,6 +869,7 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
         prompt_tokens: field("prompt_tokens", "input_tokens"),
         completion_tokens: field("completion_tokens", "output_tokens"),
         total_tokens: field("total_tokens", "total_tokens"),
+        priced_prompt_tokens: None,
     };
     (parsed != Usage::default()).then_some(parsed)
 }
@@ -883,6 +884,7 @@ fn sum_usage(usages: impl Iterator<Item = Usage>) -> Option<Usage> {
         prompt_tokens: add(total.prompt_tokens, u.prompt_tokens),
         completion_tokens: add(total.completion_tokens, u.completion_tokens),
         total_tokens: add(total.total_tokens, u.total_tokens),
+        priced_prompt_tokens: None,
     })
 }
 

@@ -692,6 +692,7 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
         prompt_tokens: field("prompt_tokens"),
         completion_tokens: field("completion_tokens"),
         total_tokens: field("total_tokens"),
+        priced_prompt_tokens: None,
     };
     (parsed != Usage::default()).then_some(parsed)
 }

@@ -432,6 +432,7 @@ mod tests {
                 completion_tokens: Some(completion),
                 total_tokens: None,
                 cost: None,
+                priced_prompt_tokens: None,
             }),
             ..Default::default()
         };
@@ -456,6 +457,7 @@ mod tests {
                 completion_tokens: completion,
                 total_tokens: total,
                 cost: None,
+                priced_prompt_tokens: None,
             }),
             ..Default::default()
         };

@@ -70,4 +70,17 @@ pub struct Usage {
     /// At the prices of the provider a model under test is reached through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    /// What `prompt_tokens` cost in input tokens when some were billed at another rate
+    /// (Anthropic's prompt cache: written at 1.25× or 2×, read at 0.1× the input price);
+    /// `None` when every one is billed at the input price. Not recorded: `cost` is.
+    #[serde(skip)]
+    pub priced_prompt_tokens: Option<f64>,
+}
+
+impl Usage {
+    /// The prompt's tokens as the provider bills them, in input tokens.
+    pub fn priced_prompt(&self) -> Option<f64> {
+        self.priced_prompt_tokens
+            .or(self.prompt_tokens.map(|t| t as f64))
+    }
 }

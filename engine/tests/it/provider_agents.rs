@@ -528,3 +528,47 @@ async fn an_agent_whose_own_model_shares_the_server_takes_its_slot_for_each_turn
         }
     }
 }
+
+/// With Anthropic's prompt caching, `input_tokens` counts only the tokens after the last
+/// cache breakpoint: the prompt is those plus the tokens written to and read from the cache.
+/// The turn counts them all (a `tokens` budget passed on 14 of 5,014), and prices them as
+/// billed: written at 1.25× the input price (2× for the one-hour cache), read at 0.1×.
+#[tokio::test]
+async fn an_anthropic_prompt_read_from_the_cache_is_counted_and_priced_as_billed() {
+    let answer = json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+        "content": [{"type": "text", "text": "Cached answer."}],
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 4,
+            "cache_creation_input_tokens": 300,
+            "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+            "cache_read_input_tokens": 5000,
+            "output_tokens": 10
+        }
+    });
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::Raw(answer.to_string())])]).await;
+    let suite = format!(
+        r#"
+provider "claude" kind="anthropic" base-url="{}" model="claude-x" api-key-env="LOCAL_KEY" \
+    input-price=3.0 output-price=15.0
+agent "bot" protocol="anthropic" provider="claude"
+scenario "hello" {{
+    user "Hi"
+    expect {{ reply contains="Cached" }}
+    criteria {{ tokens max=100 }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    let turn = turns(&run)[0];
+    assert_eq!(turn.prompt_tokens, Some(5304));
+    assert_eq!(turn.completion_tokens, Some(10));
+    assert_eq!(turn.total_tokens, Some(5314));
+    // 4 + 100 × 1.25 + 200 × 2 + 5,000 × 0.1 = 1,029 input tokens as billed.
+    let expected = (1029.0 * 3.0 + 10.0 * 15.0) / 1_000_000.0;
+    let cost = turn.cost_usd.expect("priced");
+    assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Failed);
+}
