@@ -454,6 +454,47 @@ async fn a_stream_that_ends_before_its_final_update_is_incomplete() {
     );
 }
 
+/// A terminal status marked `"final": false` says more events follow (an artifact's last
+/// chunk after `completed`, as some servers stream them): the reply is everything up to the
+/// `final` event, or the stream's end, not the text before the status.
+#[tokio::test]
+async fn a_terminal_status_not_marked_final_reads_on_to_the_final_event() {
+    let task = |state: &str| json!({"kind": "task", "id": "t", "contextId": "c", "status": {"state": state}});
+    let chunk = |text: &str, append: bool| {
+        json!({"kind": "artifact-update", "taskId": "t", "contextId": "c", "append": append,
+               "artifact": {"artifactId": "a1", "parts": [{"kind": "text", "text": text}]}})
+    };
+    let status = |last: bool| {
+        json!({"kind": "status-update", "taskId": "t", "contextId": "c", "final": last,
+               "status": {"state": "completed"}})
+    };
+    // Up to a `final` update, and up to the stream's end without one.
+    for with_final in [true, false] {
+        let server = agent(true, move |_| {
+            let mut results = vec![
+                task("submitted"),
+                task("working"),
+                chunk("History: o", false),
+                status(false),
+                chunk("ne", true),
+            ];
+            if with_final {
+                results.push(status(true));
+            }
+            events(&results)
+        })
+        .await;
+        let turn = say_once(&server.url, None, "hi").await;
+        assert!(turn.fault.is_none(), "{with_final}: {:?}", turn.fault);
+        // Appended parts are parts of their own, one per line (docs/wire.md).
+        assert_eq!(
+            turn.reply.as_deref(),
+            Some("History: o\nne"),
+            "{with_final}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn malformed_answers_are_faults_with_their_category() {
     let cases: Vec<(Vec<u8>, FaultCategory, &str)> = vec![

@@ -357,6 +357,9 @@ async fn read_events(
 ) -> Result<(), Fault> {
     while !assembly.is_done() {
         let Some(event) = stream.next().await? else {
+            if assembly.ends_with_the_stream() {
+                break;
+            }
             return Err(stream.ended_early("a final status update"));
         };
         let data = event.data.trim();

@@ -340,6 +340,10 @@ pub struct Assembly {
     artifacts: IndexMap<String, Artifact>,
     /// A Message result or a final status update arrived: the answer is complete.
     done: bool,
+    /// The task reached a terminal or interrupted state in a status update marked
+    /// `"final": false`: more events follow (artifacts streamed after the status), and the
+    /// stream may end without a `final` one.
+    settled: bool,
     /// Whether the answer was a Task (else a direct Message).
     task: bool,
 }
@@ -370,6 +374,12 @@ impl Assembly {
     /// state, or a status update marked `final`.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Whether a stream that ends now ended with its answer: it is done, or the task
+    /// reached its end in an update that said more would follow.
+    pub fn ends_with_the_stream(&self) -> bool {
+        self.done || self.settled
     }
 
     /// Applies one `result`. A fault means the result breaks the protocol.
@@ -446,7 +456,7 @@ impl Assembly {
             }
         }
         match task.remove("status") {
-            Some(Value::Object(status)) => self.apply_status(status, false),
+            Some(Value::Object(status)) => self.apply_status(status, None),
             Some(other) => Err(Fault::new(
                 FaultCategory::Protocol,
                 format!(
@@ -464,7 +474,7 @@ impl Assembly {
     fn apply_status_update(&mut self, mut update: Map<String, Value>) -> Result<(), Fault> {
         self.task = true;
         self.note_ids(&update, "taskId");
-        let last = update.get("final").and_then(Value::as_bool) == Some(true);
+        let last = update.get("final").and_then(Value::as_bool);
         match update.remove("status") {
             Some(Value::Object(status)) => self.apply_status(status, last),
             _ => Err(Fault::new(
@@ -474,7 +484,12 @@ impl Assembly {
         }
     }
 
-    fn apply_status(&mut self, mut status: Map<String, Value>, last: bool) -> Result<(), Fault> {
+    /// `last`: the update's `final`, when it has one.
+    fn apply_status(
+        &mut self,
+        mut status: Map<String, Value>,
+        last: Option<bool>,
+    ) -> Result<(), Fault> {
         let Some(state) = status.get("state").and_then(Value::as_str) else {
             return Err(Fault::new(
                 FaultCategory::Protocol,
@@ -501,8 +516,15 @@ impl Assembly {
             Some(Value::Object(message)) => Some(normalise_message(message)),
             _ => None,
         };
-        if last || state.is_terminal() || state.is_interrupted() {
-            self.done = true;
+        // `final` says whether more events follow; without it, a task that reached its
+        // end (or waits for the user) has said everything. An update that says more follow
+        // a terminal state (artifacts after `completed`) is read on: stopping there judged
+        // the reply on part of what the agent sent, and dropped the rest unsaid.
+        let ended = state.is_terminal() || state.is_interrupted();
+        match last {
+            Some(true) => self.done = true,
+            Some(false) => self.settled |= ended,
+            None => self.done |= ended,
         }
         Ok(())
     }
