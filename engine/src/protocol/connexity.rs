@@ -364,22 +364,43 @@ fn as_reported(body: &[u8], fault: Fault) -> Fault {
 }
 
 /// The `error` a response body reports, as text: a string, an object's `message` (or
-/// `detail`), else the object's JSON.
+/// `detail`), else the object's JSON. Without `error` (and without `messages`), the two
+/// envelopes services answer a failure with, with status 200 all the same: FastAPI's
+/// `{"detail": …}` and `{"status": "error", "message": …}`.
 fn reported_error(body: &[u8]) -> Option<String> {
     let Ok(Value::Object(mut root)) = serde_json::from_slice::<Value>(body) else {
         return None;
     };
-    match root.remove("error")? {
-        Value::Null => None,
-        Value::String(text) => Some(text),
-        Value::Object(error) => Some(
-            ["message", "detail"]
-                .iter()
-                .find_map(|k| error.get(*k).and_then(Value::as_str).map(str::to_owned))
-                .unwrap_or_else(|| Value::Object(error).to_string()),
-        ),
-        other => Some(other.to_string()),
+    if let Some(error) = root.remove("error") {
+        return match error {
+            Value::Null => None,
+            Value::String(text) => Some(text),
+            Value::Object(error) => Some(
+                ["message", "detail"]
+                    .iter()
+                    .find_map(|k| error.get(*k).and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_else(|| Value::Object(error).to_string()),
+            ),
+            other => Some(other.to_string()),
+        };
     }
+    if root.contains_key("messages") {
+        return None;
+    }
+    match root.get("detail") {
+        Some(Value::String(text)) => return Some(text.clone()),
+        Some(Value::Null) | None => {}
+        Some(other) => return Some(other.to_string()),
+    }
+    let failed = root
+        .get("status")
+        .and_then(Value::as_str)
+        .is_some_and(|s| ["error", "failed", "failure"].contains(&s.to_ascii_lowercase().as_str()));
+    failed.then(|| {
+        root.get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| Value::Object(root.clone()).to_string(), str::to_owned)
+    })
 }
 
 /// The body read as a `Value` when the typed fast path refused it: lenient where real agents
@@ -400,7 +421,10 @@ fn parse_lenient(body: &[u8]) -> Result<ParsedReply, Fault> {
     let messages = match root.remove("messages") {
         Some(Value::Array(messages)) => messages,
         None | Some(Value::Null) => {
-            return Err(protocol("response has no `messages` array".to_owned()));
+            return Err(protocol(format!(
+                "response has no `messages` array: {}",
+                preview(body)
+            )));
         }
         Some(other) => {
             return Err(protocol(format!(

@@ -480,6 +480,43 @@ async fn wrong_shapes_are_protocol_faults() {
         assert!(message.contains(expected), "{body}: {message}");
         assert_eq!(server.requests(), 1, "{body}: not retried");
     }
+    // A body that is no turn is quoted: what the agent said is in the fault.
+    let server = MisbehavingServer::respond(200, r#"{"reply":"hi"}"#).await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Protocol);
+    assert_eq!(
+        message,
+        r#"response has no `messages` array: {"reply":"hi"}"#
+    );
+}
+
+/// The failure envelopes services answer with status 200 (FastAPI's `{"detail": …}`,
+/// `{"status": "error", "message": …}`) are the agent's error in its words: they were a
+/// protocol fault ("no `messages` array") that showed none of the body, kept nowhere.
+#[tokio::test]
+async fn a_200_failure_envelope_is_the_agents_error_in_its_words() {
+    for (body, said) in [
+        (
+            r#"{"status":"error","message":"upstream LLM timeout"}"#,
+            "the agent answered with an error: upstream LLM timeout",
+        ),
+        (
+            r#"{"detail":"Rate limit exceeded for tenant"}"#,
+            "the agent answered with an error: Rate limit exceeded for tenant",
+        ),
+        (
+            r#"{"detail":[{"loc":["body","messages"],"msg":"field required"}]}"#,
+            r#"the agent answered with an error: [{"loc":["body","messages"],"msg":"field required"}]"#,
+        ),
+    ] {
+        let server = MisbehavingServer::respond(200, body).await;
+        let outcome = call(&server.url(), 0, limits(SHORT)).await;
+        assert_eq!(
+            fault_of(&outcome, FaultCategory::AgentError),
+            said,
+            "{body}"
+        );
+    }
 }
 
 /// A reply that ends with a `tool` message (a reference agent's tool-round cap hit) has no
