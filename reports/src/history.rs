@@ -427,6 +427,9 @@ pub struct RunEntry {
     pub failed: Option<u64>,
     pub errors: Option<u64>,
     pub skipped: Option<u64>,
+    /// The simulated user broke character: nothing was checked (`None` for tables from
+    /// before the column).
+    pub invalid: Option<u64>,
     /// `runs.finished_at` is set: the run reached its end.
     pub finished: bool,
     /// It reached its end having been stopped before its work was done (a signal, an LLM
@@ -690,6 +693,7 @@ pub fn read_run(dir: &Path) -> Result<RunEntry, HistoryError> {
         failed: None,
         errors: None,
         skipped: None,
+        invalid: None,
         finished: false,
         stopped: false,
         labels: meta.as_ref().map(|m| m.labels.clone()).unwrap_or_default(),
@@ -710,6 +714,7 @@ pub fn read_run(dir: &Path) -> Result<RunEntry, HistoryError> {
             entry.failed = Some(row.failed);
             entry.errors = Some(row.errors);
             entry.skipped = Some(row.skipped);
+            entry.invalid = row.invalid;
         }
     }
     if entry.started_at.is_none() {
@@ -729,6 +734,7 @@ struct RunsRow {
     failed: u64,
     errors: u64,
     skipped: u64,
+    invalid: Option<u64>,
 }
 
 fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
@@ -744,6 +750,7 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
             "failed",
             "errors",
             "skipped",
+            "invalid",
             "planned_trajectories",
             "interrupted",
         ],
@@ -781,6 +788,11 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
         failed: count("failed")?,
         errors: count("errors")?,
         skipped: count("skipped")?,
+        invalid: if columns.has("invalid") {
+            Some(count("invalid")?)
+        } else {
+            None
+        },
     })
 }
 

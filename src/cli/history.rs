@@ -291,6 +291,11 @@ fn state(run: &RunEntry) -> String {
     if run.baseline {
         parts.push("pinned".to_owned());
     }
+    // Left out of the pass rate, as skipped ones are: said, or a run whose simulated user
+    // broke character in 6 of 7 trajectories reads `100%` and nothing else.
+    if let Some(invalid) = run.invalid.filter(|&n| n > 0) {
+        parts.push(format!("{invalid} invalid"));
+    }
     match merged {
         _ if !run.finished => parts.push("unfinished".to_owned()),
         Some(m) if m.partial => parts.push(format!("partial merge of {} shards", m.shards)),

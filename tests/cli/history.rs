@@ -26,6 +26,8 @@ pub(super) struct Sample {
     answered: bool,
     /// The agent it ran against (`a` unless said).
     agent: &'static str,
+    /// The simulated user broke character: nothing was checked.
+    invalid: bool,
 }
 
 pub(super) fn sample(
@@ -42,6 +44,7 @@ pub(super) fn sample(
         error: false,
         answered: false,
         agent: "a",
+        invalid: false,
     }
 }
 
@@ -60,7 +63,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         planned_trajectories: samples.len() as u64,
         ..RunInfo::default()
     }))];
-    let (mut passed, mut failed, mut errors) = (0, 0, 0);
+    let (mut passed, mut failed, mut errors, mut invalid) = (0, 0, 0, 0);
     for s in samples {
         entries.push(JournalEntry::Node(NodeRecord {
             suite: "s".into(),
@@ -85,7 +88,10 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
                 ..TurnRecord::default()
             })],
         }));
-        let status = if s.error {
+        let status = if s.invalid {
+            invalid += 1;
+            CriterionStatus::Skipped
+        } else if s.error {
             errors += 1;
             CriterionStatus::Skipped
         } else if s.passed {
@@ -103,7 +109,9 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             protocol: "connexity".into(),
             repetition: s.repetition,
             nodes: vec![s.branch.into()],
-            status: if s.error {
+            status: if s.invalid {
+                TrajectoryStatus::Invalid
+            } else if s.error {
                 TrajectoryStatus::Error
             } else if s.passed {
                 TrajectoryStatus::Passed
@@ -140,7 +148,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         failed,
         errors,
         skipped: 0,
-        invalid: 0,
+        invalid,
         llm_roles: Default::default(),
         stopped_by: None,
         interrupted: false,
@@ -815,6 +823,36 @@ async fn a_run_in_a_github_workflow_annotates_failures_and_writes_the_job_summar
         stdout(&o)
     );
     assert!(stderr(&o).contains("::error file="), "{}", stderr(&o));
+}
+
+/// A run whose simulated user broke character checked nothing in those trajectories: the
+/// runs list says how many (its pass rate leaves them out, and read `100%` alone for a run
+/// of one pass among seven), in the table and in `--json`.
+#[tokio::test]
+async fn the_runs_list_says_how_many_trajectories_were_invalid() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut samples = vec![sample("main", 0, true, 10.0)];
+    samples.extend((1..7).map(|i| Sample {
+        invalid: true,
+        ..sample("main", i, false, 10.0)
+    }));
+    write_run(runs.path(), "sim", "2026-01-01T00:00:00Z", &samples);
+    let list = |json: bool| {
+        let mut cmd = trellis();
+        cmd.arg("runs").arg("--dir").arg(runs.path());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output()
+    };
+    let o = list(true).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(listed[0]["trajectories"], 7);
+    assert_eq!(listed[0]["passed"], 1);
+    assert_eq!(listed[0]["invalid"], 6);
+    let o = list(false).await.unwrap();
+    assert!(stdout(&o).contains("6 invalid"), "{}", stdout(&o));
 }
 
 /// In a workflow whose step runs in a subdirectory (`working-directory: evals`), the
