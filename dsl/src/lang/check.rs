@@ -130,6 +130,18 @@ fn placement(name: &str, known: &[&str]) -> Option<String> {
              in `criteria {{ }}` to check the whole trajectory"
         ));
     }
+    // A scenario setting among checks (`expect-tool` in `criteria { }`, next to which
+    // Connexity lists it).
+    if in_checks && scenario_setting && !a_check && !named(&super::steps::STEPS) {
+        let also = if name == "expect-tool" {
+            " (it checks the whole trajectory), or check the call here with `tool \"NAME\" …`"
+        } else {
+            ""
+        };
+        return Some(format!(
+            "`{name}` is a scenario setting, not a check: write it in the `scenario` block{also}"
+        ));
+    }
     if (at_top || in_checks) && named(&super::steps::STEPS) {
         return Some(if at_top {
             format!("`{name}` is a step: write it inside a `scenario \"ID\" {{ … }}`")
