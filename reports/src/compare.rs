@@ -660,9 +660,10 @@ pub fn compare(
                 let of_the_agent = h.is_none_or(|c| c.kind != trellis_records::FIDELITY_KIND);
                 if of_the_agent {
                     unchecked_in_head(&mut rate);
-                } else if rate.verdict == Verdict::Regressed {
+                } else if matches!(rate.verdict, Verdict::Regressed | Verdict::Noise) {
                     // Nor does it regress when the simulated user broke character more
-                    // often: those trajectories are invalid, left out of every rate.
+                    // often: those trajectories are invalid, left out of every rate. Worse
+                    // by a little is shown the same way: `noise` is a gate's word.
                     rate.verdict = Verdict::Ungated;
                 }
                 rate
@@ -1802,6 +1803,17 @@ mod tests {
             "{:?}",
             c.regressions
         );
+        // Worse by too little to tell from chance: shown as ungated too, not as `noise`.
+        let c = compare(
+            &run(6, 0),
+            RunRef::default(),
+            &run(2, 3),
+            RunRef::default(),
+            Thresholds::default(),
+            Vec::new(),
+            None,
+        );
+        assert_eq!(c.criteria[0].rate.verdict, Verdict::Ungated);
     }
 
     /// Runs of no suite in common compared nothing: that fails, where it passed. Another
