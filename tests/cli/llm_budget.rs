@@ -528,6 +528,62 @@ scenario "s" {{
     );
 }
 
+/// A panel one of whose members the budget refused is not judged, as a single judge the
+/// budget refused is not: its check `skipped` (`budget`), the trajectory `skipped` with the
+/// stop's reason, and `rejudge` or `--resume` judges it. It was the panel's `error` and the
+/// trajectory's: an agent error, failing the gate, for an agent that passed everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panel_member_the_budget_refused_leaves_the_check_unjudged_not_an_error() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        r#"{"score": 1.0, "justification": "polite"}"#,
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("panel.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+judge "ja" provider="fake"
+judge "jb" provider="fake"
+panel "pm" {{
+    judges "ja" "jb"
+}}
+scenario "s" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "the agent is polite" judge="pm"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = budgeted(1, 1, &out, &path).await;
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    assert_eq!(strings(&criteria, "status"), [Some("skipped".to_string())]);
+    assert_eq!(
+        strings(&criteria, "judge_error_category"),
+        [Some("budget".to_string())]
+    );
+    let detail = strings(&criteria, "detail");
+    assert!(
+        detail[0]
+            .as_deref()
+            .is_some_and(|d| d.starts_with("not checked: not sent: --max-llm-calls 1 reached")),
+        "{detail:?}"
+    );
+    let trajectories = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(
+        strings(&trajectories, "status"),
+        [Some("skipped".to_string())]
+    );
+    assert!(!stdout(&o).contains("ERROR"), "{}", stdout(&o));
+}
+
 /// Once the budget is spent, a judge whose answer is in the LLM cache still answers: a cache
 /// hit is no call ("cache hits do not count"). The check was left "not checked" and the run
 /// exited 4, though nothing more would have been sent.

@@ -1181,6 +1181,12 @@ fn decide(
         }
     }
     verdict.call = call;
+    let cut_member = members.iter().find_map(|(status, detail, _)| {
+        // `not checked: …`: what `judge_one` and the walk say of a call a stop or the
+        // budget did not send (`crate::record::CUT_BY_STOP`, `CUT_BY_BUDGET`).
+        let cut = *status == CriterionStatus::Skipped && detail.starts_with("not checked: ");
+        cut.then(|| detail.clone())
+    });
     let unusable: Vec<String> = members
         .iter()
         .zip(&panel.judges)
@@ -1216,6 +1222,17 @@ fn decide(
         1 => rubrics.into_iter().collect(),
         _ => "mixed".to_owned(),
     };
+    // A member a stop or the LLM budget left unasked: the panel is not judged either, and
+    // says so as a single judge does (`skipped`, the stop's own detail, which
+    // `CriterionRecord::cut_by_stop` reads): not an error of the agent's, and judged when
+    // the run is resumed or rejudged.
+    if let Some(cut) = cut_member {
+        verdict.error_category = verdict
+            .members
+            .iter()
+            .find_map(|m| m.error_category.clone());
+        return (CriterionStatus::Skipped, cut, verdict);
+    }
     if !unusable.is_empty() || scored.is_empty() {
         verdict.error_category = verdict
             .members
