@@ -957,10 +957,16 @@ impl StatsBuilder {
     pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         // The agent's judged checks only: a fidelity judge scores the simulated user, and an
         // attack judge how close the attacker came (higher is worse for the agent). A check
-        // recorded skipped counted for nothing, though its judge may have answered (an
-        // invalid trajectory's: the simulated user broke character).
-        for score in t
-            .criteria
+        // recorded skipped counted for nothing, though its judge may have answered; nor does
+        // any check of an invalid trajectory (the simulated user broke character: it says
+        // nothing of the agent, its checks before the break included, as pass rates leave
+        // it out).
+        let judged = if t.status == TrajectoryStatus::Invalid {
+            &[][..]
+        } else {
+            &t.criteria[..]
+        };
+        for score in judged
             .iter()
             .filter(|c| c.kind != trellis_records::FIDELITY_KIND && c.kind != "attack")
             .filter(|c| matches!(c.status, CriterionStatus::Passed | CriterionStatus::Failed))
@@ -1676,8 +1682,20 @@ mod tests {
         }
         let mut b = StatsBuilder::default();
         b.push(&entry);
+        // An invalid trajectory's checks, those its judge passed before the simulated user
+        // broke character included, say nothing of the agent.
+        let mut invalid = trajectory(1, "main", &["start"], None);
+        if let JournalEntry::Trajectory(t) = &mut invalid {
+            t.status = TrajectoryStatus::Invalid;
+            t.criteria = vec![judged("judge", 0.0)];
+        }
+        b.push(&invalid);
         let score = b.finish().aggregates.mean_score.unwrap();
         assert!((score - 70.0).abs() < 1e-9, "{score}");
+        // All of a run's trajectories invalid: no score at all, not the invalid ones'.
+        let mut b = StatsBuilder::default();
+        b.push(&invalid);
+        assert_eq!(b.finish().aggregates.mean_score, None);
     }
 
     #[test]
