@@ -1174,9 +1174,17 @@ fn decide(
             if c.cache != super::CacheUse::Hit {
                 call.cache = c.cache;
             }
-            if call.model.is_empty() {
-                call.provider.clone_from(&c.provider);
-                call.model.clone_from(&c.model);
+            // The members' provider and model when they share one, else `mixed`, as the
+            // rubric below: the first member's named the whole panel's calls.
+            for (panel_has, member_has) in [
+                (&mut call.provider, &c.provider),
+                (&mut call.model, &c.model),
+            ] {
+                if panel_has.is_empty() {
+                    panel_has.clone_from(member_has);
+                } else if !member_has.is_empty() && panel_has != member_has {
+                    *panel_has = "mixed".to_owned();
+                }
             }
         }
     }

@@ -302,6 +302,9 @@ async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
         let verdict = c.judge.as_deref().unwrap();
         assert_eq!(verdict.judge, "panel:trio");
         assert_eq!(verdict.rubric, "generic", "the members' rubric");
+        // One provider, three models: the panel's call is not named after its first member.
+        assert_eq!(verdict.call.provider, "fake");
+        assert_eq!(verdict.call.model, "mixed");
         assert_eq!(verdict.consensus.as_deref(), Some(consensus));
         assert!(
             (verdict.score.unwrap() - panel_score).abs() < 1e-9,
