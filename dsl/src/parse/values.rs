@@ -515,6 +515,37 @@ impl<'f> Decoder<'f> {
                 self.report(d);
                 None
             }
+            // A control character (ESC, BEL, CR, a newline) would be written as it is
+            // wherever the name is shown: a terminal's title set, its line erased, a CI log
+            // line cut in two.
+            Some(e)
+                if e.value()
+                    .as_string()
+                    .is_some_and(|s| s.chars().any(char::is_control)) =>
+            {
+                let shown = e
+                    .value()
+                    .as_string()
+                    .and_then(|s| s.chars().find(|c| c.is_control()))
+                    .map(|c| format!("U+{:04X}", u32::from(c)))
+                    .unwrap_or_default();
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "`{}` needs {what} without control characters: this one holds {shown}",
+                            v.name
+                        ),
+                        e.span(),
+                        "a control character in it",
+                    )
+                    .with_help(
+                        "names are shown on terminals, in CI logs and reports: write them \
+                         without control characters (tabs, newlines and escapes included)",
+                    );
+                self.report(d);
+                None
+            }
             Some(e) => self.spanned_string(e),
             None => {
                 self.missing(v, what, usage);
