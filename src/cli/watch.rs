@@ -124,6 +124,10 @@ enum Why {
     Back,
     /// Only its checks changed: re-checked against the recorded turns.
     Checks,
+    /// Unchanged, but its agent could not be reached last time (down, not started, rate
+    /// limited past waiting): any save asks it again, the turns it answered reused. An
+    /// agent started after watch was needed an edit to be asked at all.
+    Unreached,
     /// A scenario it `needs` changed what it says to the agent.
     Dependency,
     /// Gone and back (as it was or edited), but it `needs` scenarios that may have talked to
@@ -146,6 +150,7 @@ impl Why {
             Why::Unchanged => "unchanged",
             Why::Back => "back",
             Why::Checks => "checks changed",
+            Why::Unreached => "its agent was not reached last time: asked again",
             Why::Dependency => "dependency changed",
             Why::BackAfterNeeds => "back, talking afresh after what it needs",
             Why::Setup => {
@@ -765,6 +770,13 @@ impl Session {
             .iter()
             .map(|s| format!("{}/{}", s.suite, s.scenario.id.value))
             .collect();
+        // Scenarios a trajectory of which could not reach its agent last time.
+        let unreached: HashSet<String> = self
+            .results
+            .iter()
+            .filter(|(_, standing)| standing.unreached)
+            .map(|((suite, scenario, ..), _)| format!("{suite}/{scenario}"))
+            .collect();
         let mut whys: Vec<Why> = keys
             .iter()
             .zip(&plan.scenarios)
@@ -783,6 +795,7 @@ impl Session {
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.
                     Change::None if back => Why::Back,
+                    Change::None if unreached.contains(key.as_str()) => Why::Unreached,
                     Change::None => Why::Unchanged,
                 }
             })
@@ -801,8 +814,10 @@ impl Session {
                     }
                 }
             }
+            // One whose agent is asked again may pass now: what needs it (skipped for it)
+            // runs again too.
             let mut afresh: Vec<usize> = (0..whys.len())
-                .filter(|&i| whys[i] >= Why::Dependency)
+                .filter(|&i| whys[i] >= Why::Dependency || whys[i] == Why::Unreached)
                 .collect();
             while let Some(i) = afresh.pop() {
                 for &dependent in &dependents[i] {
@@ -1338,6 +1353,9 @@ struct Standing {
     status: TrajectoryStatus,
     /// The first failed check or the fault, for failures.
     why: Option<String>,
+    /// Its fault says the agent could not be reached at all (as
+    /// `trellis_engine::execute::reuse` tells it: such a turn is asked again, not reused).
+    unreached: bool,
 }
 
 impl Standing {
@@ -1358,9 +1376,17 @@ impl Standing {
                         format!("{}{}: {detail}", c.criterion, sites.after_check(t, c))
                     })
             });
+        let unreached = t.fault.as_ref().is_some_and(|f| {
+            matches!(
+                f.category,
+                trellis_engine::record::FaultCategory::Connect
+                    | trellis_engine::record::FaultCategory::Setup
+            ) || f.rate_limited.is_some()
+        });
         Standing {
             status: t.status,
             why,
+            unreached,
         }
     }
 }

@@ -2030,3 +2030,40 @@ async fn a_taken_serve_port_leaves_no_runs_directory() {
     assert!(!dir.path().join("runs").exists(), "runs/ was left behind");
     drop(taken);
 }
+
+/// An agent that was down when watch started (forgotten, still building) is asked again by
+/// the next save, whatever it changed: a save that changed nothing reran nothing, and only
+/// an edit of the scenario itself reached the agent once it was up (docs/watch.md: "the next
+/// rerun asks it again").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_was_down_is_asked_again_by_the_next_save() {
+    let (held, port) = super::refused_port();
+    let url = format!("http://127.0.0.1:{port}/agent/respond");
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = repeated_suite(&url, "down", &["hello"], 1);
+    write(&suite, &text);
+    let mut watch = Watch::start(dir.path(), &[]);
+    let first = watch.wait_for("watch: rerun 1 done").await.join("\n");
+    assert!(first.contains("connect"), "{first}");
+
+    // The agent comes up on its address; the suite is saved as it was.
+    drop(held);
+    let agent = MisbehavingServer::start_at(
+        ([127, 0, 0, 1], port).into(),
+        Behavior::Respond {
+            status: 200,
+            body: OK_BODY.to_owned(),
+        },
+    )
+    .await;
+    write(&suite, &text);
+    let second = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        second.contains("its agent was not reached last time: asked again"),
+        "{second}"
+    );
+    assert_eq!(agent.requests(), 1, "{}", watch.all());
+    assert!(!second.contains("connect"), "answered now: {second}");
+    assert!(second.contains("1 agent call"), "{second}");
+}
