@@ -602,6 +602,10 @@ fn symbol(node: &Node, view: &FileView, depth: usize) -> Option<DocumentSymbol> 
     })
 }
 
+/// `../…` files offered after `include "`, at most: a parent directory holding a large tree
+/// (a home directory) must not make every completion slow.
+const INCLUDES_BESIDE: usize = 200;
+
 /// Completions for a value of type `ty` (ids, enumerated words, protocols, builtins, files).
 /// The values offered for a setting (`setting`: a property's key, or the node's own name
 /// for an argument) of node `node_name`, the innermost of `chain`.
@@ -705,6 +709,35 @@ fn value_items(
                     CompletionItemKind::FILE,
                 ));
             }
+        }
+        // And beside it: a suite per topic including a `shared/` directory next to its own
+        // (`include "../shared/agents.kdl"`), the usual layout. Not from the filesystem's
+        // root, whose walk would take the whole machine.
+        if let Some(up) = dir.parent().filter(|up| up.parent().is_some()) {
+            let mut beside: Vec<String> = walkdir::WalkDir::new(up)
+                .max_depth(3)
+                .into_iter()
+                .filter_entry(|e| {
+                    e.depth() == 0
+                        || (!e.file_name().as_encoded_bytes().starts_with(b".") && e.path() != dir)
+                })
+                .filter_map(Result::ok)
+                .filter(|e| {
+                    e.path().extension().is_some_and(|x| x == "kdl")
+                        && !trellis_dsl::parse::editor_lock(e.path())
+                })
+                .filter_map(|e| {
+                    let rel = e.path().strip_prefix(up).ok()?;
+                    Some(format!("../{}", rel.to_string_lossy()))
+                })
+                .take(INCLUDES_BESIDE)
+                .collect();
+            beside.sort();
+            items.extend(
+                beside
+                    .iter()
+                    .map(|path| word(path, "file", CompletionItemKind::FILE)),
+            );
         }
     }
     items.dedup_by(|a, b| a.label == b.label);

@@ -882,6 +882,38 @@ fn completions_are_written_as_the_value_they_go_into_needs() {
     );
 }
 
+/// A suite per topic includes from a `shared/` directory beside its own (`include
+/// "../shared/agents.kdl"`, which `check` takes): completion offers those files too; it
+/// offered only files under the including file's directory, so none here.
+#[test]
+fn include_completion_offers_the_files_beside_the_including_ones_directory() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::create_dir_all(dir.path().join("booking")).expect("created");
+    std::fs::create_dir_all(dir.path().join("shared")).expect("created");
+    std::fs::write(
+        dir.path().join("shared/agents.kdl"),
+        "agent \"bot\" protocol=\"connexity\" builtin=\"booking\"\n",
+    )
+    .expect("written");
+    let main = "include \"\"\nscenario \"t\" {\n    agent \"bot\"\n    user \"hi\"\n    expect no-error\n}\n";
+    std::fs::write(dir.path().join("booking/main.kdl"), main).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "booking/main.kdl"},
+        {"do": "complete", "file": "booking/main.kdl", "line": 0, "character": 9},
+    ]);
+    let out = session(dir.path(), steps);
+    let offered = labels(&out[2]);
+    assert!(
+        offered.contains(&"../shared/agents.kdl".to_string()),
+        "{offered:?}"
+    );
+    // Not itself, by a way round.
+    assert!(
+        !offered.iter().any(|l| l.contains("main.kdl")),
+        "{offered:?}"
+    );
+}
+
 /// Completion right after `KEY=` (`=` is a trigger character) offers the property's values,
 /// quoted, not property names (accepting the first gave `protocol=url=`); a panel's `judges`
 /// offers judges, not panels (which `check` refuses there).
