@@ -266,18 +266,9 @@ mod tests {
         let path = dir.path().join("runs.parquet");
         std::fs::write(&path, &good).unwrap();
         assert_eq!(super::read(&path, &["id", "name"]).unwrap().rows(), 3);
-        let mut panicked = Vec::new();
-        for at in 0..good.len() {
-            for damage in [|b: u8| !b, |_| 0, |b: u8| b.wrapping_add(1)] {
-                let mut bad = good.clone();
-                bad[at] = damage(bad[at]);
-                std::fs::write(&path, &bad).unwrap();
-                let read = std::panic::catch_unwind(|| super::read(&path, &["id", "name"]));
-                if read.is_err() {
-                    panicked.push(at);
-                }
-            }
-        }
+        let panicked = crate::dataset::tests::panicking_damage(&good, &path, |path| {
+            let _ = super::read(path, &["id", "name"]);
+        });
         assert!(
             panicked.is_empty(),
             "panicked at bytes {panicked:?} of {}",

@@ -799,13 +799,27 @@ pub(crate) mod tests {
         bytes
     }
 
-    /// Both ways a dataset is read, every answer kept; `Err` when either panicked.
-    fn read_all(path: &Path) -> Result<(), String> {
-        std::panic::catch_unwind(|| {
-            let _ = ParquetRows.declared_columns(path);
-            let _ = ParquetRows.read(path, &mut |_, _| ControlFlow::Continue(()));
-        })
-        .map_err(|_| "panicked".to_string())
+    /// The bytes of `good` at which a damaged copy (the byte flipped, zeroed or
+    /// incremented), written to `path`, makes `read` panic. The decoder panics on some (the
+    /// footer's thrift, its statistics, the pages' headers); each must read as an error or
+    /// as rows.
+    pub(crate) fn panicking_damage(
+        good: &[u8],
+        path: &Path,
+        read: impl Fn(&Path) + std::panic::RefUnwindSafe,
+    ) -> Vec<usize> {
+        let mut panicked = Vec::new();
+        for at in 0..good.len() {
+            for damage in [|b: u8| !b, |_| 0, |b: u8| b.wrapping_add(1)] {
+                let mut bad = good.to_vec();
+                bad[at] = damage(bad[at]);
+                std::fs::write(path, &bad).unwrap();
+                if std::panic::catch_unwind(|| read(path)).is_err() {
+                    panicked.push(at);
+                }
+            }
+        }
+        panicked
     }
 
     #[test]
@@ -822,20 +836,11 @@ pub(crate) mod tests {
             })
             .unwrap();
         assert_eq!(rows, 3);
-        // Every byte of the file, flipped and zeroed: the decoder panics on some (the
-        // footer's thrift, its statistics, the pages' headers); each must read as an error
-        // or as rows.
-        let mut panicked = Vec::new();
-        for at in 0..good.len() {
-            for damage in [|b: u8| !b, |_| 0, |b: u8| b.wrapping_add(1)] {
-                let mut bad = good.clone();
-                bad[at] = damage(bad[at]);
-                std::fs::write(&path, &bad).unwrap();
-                if read_all(&path).is_err() {
-                    panicked.push(at);
-                }
-            }
-        }
+        // Both ways a dataset is read, every answer dropped.
+        let panicked = panicking_damage(&good, &path, |path| {
+            let _ = ParquetRows.declared_columns(path);
+            let _ = ParquetRows.read(path, &mut |_, _| ControlFlow::Continue(()));
+        });
         assert!(
             panicked.is_empty(),
             "panicked at bytes {panicked:?} of {}",

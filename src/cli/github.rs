@@ -54,23 +54,29 @@ impl Locations {
         let mut at = HashMap::new();
         let cwd = std::env::current_dir().ok();
         let root = repository_root(cwd.as_deref());
+        // Each file's path from the root, found once: a file holds many scenarios (a
+        // dataset's thousands of instances), and finding it resolves links on disk.
+        let mut from_root_of: HashMap<usize, Option<PathBuf>> = HashMap::new();
         for (suite, scenario) in scenarios {
             let span = scenario.id.span;
             let Some(file) = project.files.get(span.file) else {
                 continue;
             };
-            let (line, _) = file.line_col(span.span.offset());
             // GitHub places an annotation by a path from the repository's root
-            // ($GITHUB_WORKSPACE), whatever the step's `working-directory`.
-            let absolute = match &cwd {
-                Some(cwd) if file.path.is_relative() => cwd.join(&file.path),
-                _ => file.path.clone(),
-            };
-            // A file outside the repository (suites in /tmp, another checkout) has no path
-            // GitHub can place: its annotation names no file, as one on the job.
-            let Some(path) = root.as_deref().and_then(|root| from_root(root, &absolute)) else {
+            // ($GITHUB_WORKSPACE), whatever the step's `working-directory`. A file outside
+            // the repository (suites in /tmp, another checkout) has no path GitHub can
+            // place: its annotation names no file, as one on the job.
+            let path = from_root_of.entry(span.file).or_insert_with(|| {
+                let absolute = match &cwd {
+                    Some(cwd) if file.path.is_relative() => cwd.join(&file.path),
+                    _ => file.path.clone(),
+                };
+                root.as_ref().and_then(|root| root.path_of(&absolute))
+            });
+            let Some(path) = path.clone() else {
                 continue;
             };
+            let (line, _) = file.line_col(span.span.offset());
             at.insert((suite.to_owned(), scenario.id.value.clone()), (path, line));
         }
         Some(Locations(at))
@@ -82,20 +88,30 @@ impl Locations {
 }
 
 /// The directory annotations' paths start from: the repository's checkout
-/// (`$GITHUB_WORKSPACE`), else the current directory.
-fn repository_root(cwd: Option<&Path>) -> Option<PathBuf> {
-    std::env::var_os("GITHUB_WORKSPACE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| cwd.map(Path::to_path_buf))
+/// (`$GITHUB_WORKSPACE`), else the current directory; with its links resolved once.
+struct Root {
+    given: PathBuf,
+    resolved: Option<PathBuf>,
 }
 
-/// `path` from `root`, with `..` and links resolved (`--suites ../evals`, a workspace
-/// reached through a symbolic link); `None` for a file outside `root`.
-fn from_root(root: &Path, path: &Path) -> Option<PathBuf> {
-    match (root.canonicalize(), path.canonicalize()) {
-        (Ok(root), Ok(path)) => path.strip_prefix(root).ok().map(Path::to_path_buf),
-        _ => path.strip_prefix(root).ok().map(Path::to_path_buf),
+fn repository_root(cwd: Option<&Path>) -> Option<Root> {
+    let given = std::env::var_os("GITHUB_WORKSPACE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| cwd.map(Path::to_path_buf))?;
+    let resolved = given.canonicalize().ok();
+    Some(Root { given, resolved })
+}
+
+impl Root {
+    /// `path` from the root, with `..` and links resolved (`--suites ../evals`, a workspace
+    /// reached through a symbolic link); `None` for a file outside it.
+    fn path_of(&self, path: &Path) -> Option<PathBuf> {
+        let inside = match (&self.resolved, path.canonicalize()) {
+            (Some(root), Ok(path)) => path.strip_prefix(root).map(Path::to_path_buf),
+            _ => path.strip_prefix(&self.given).map(Path::to_path_buf),
+        };
+        inside.ok()
     }
 }
 

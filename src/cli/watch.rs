@@ -1353,8 +1353,8 @@ struct Standing {
     status: TrajectoryStatus,
     /// The first failed check or the fault, for failures.
     why: Option<String>,
-    /// Its fault says the agent could not be reached at all (as
-    /// `trellis_engine::execute::reuse` tells it: such a turn is asked again, not reused).
+    /// Its fault says the agent could not be reached at all ([`execute::unreachable`]: such
+    /// a turn is asked again, not reused).
     unreached: bool,
 }
 
@@ -1376,13 +1376,7 @@ impl Standing {
                         format!("{}{}: {detail}", c.criterion, sites.after_check(t, c))
                     })
             });
-        let unreached = t.fault.as_ref().is_some_and(|f| {
-            matches!(
-                f.category,
-                trellis_engine::record::FaultCategory::Connect
-                    | trellis_engine::record::FaultCategory::Setup
-            ) || f.rate_limited.is_some()
-        });
+        let unreached = t.fault.as_ref().is_some_and(execute::unreachable);
         Standing {
             status: t.status,
             why,

@@ -46,7 +46,7 @@ use walk::Unit;
 pub use launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launched, Launcher};
 pub use replay_users::{Replayed, UserReplay};
 pub use resume::{Finished, FinishedTotals, Forks, planned_key};
-pub use reuse::{ReuseCounts, TurnMemo};
+pub use reuse::{ReuseCounts, TurnMemo, unreachable};
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
 /// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
 pub fn trajectory_status(

@@ -429,7 +429,7 @@ impl Session for ReusingSession {
 /// limited past waiting) rather than how it answered this conversation: such a turn is
 /// asked again by the next rerun instead of being replayed. A 5xx, a timeout or a reset
 /// mid-answer may be how the agent takes this very conversation, and stay kept.
-fn unreachable(fault: &crate::record::Fault) -> bool {
+pub fn unreachable(fault: &crate::record::Fault) -> bool {
     use crate::record::FaultCategory as C;
     matches!(fault.category, C::Connect | C::Setup) || fault.rate_limited.is_some()
 }

@@ -396,10 +396,12 @@ fn reported_error(body: &[u8]) -> Option<String> {
         .get("status")
         .and_then(Value::as_str)
         .is_some_and(|s| ["error", "failed", "failure"].contains(&s.to_ascii_lowercase().as_str()));
-    failed.then(|| {
-        root.get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| Value::Object(root.clone()).to_string(), str::to_owned)
+    if !failed {
+        return None;
+    }
+    Some(match root.get("message").and_then(Value::as_str) {
+        Some(message) => message.to_owned(),
+        None => Value::Object(root).to_string(),
     })
 }
 
