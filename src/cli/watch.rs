@@ -1562,6 +1562,7 @@ impl Recorder {
                 Event::RunStarted(info) => {
                     let mut info = trellis_engine::record::RunInfo::clone(info);
                     info.planned_trajectories = self.expected;
+                    info.scenarios = rerun_scenarios(&info.scenarios, &self.view.whys);
                     self.rerun
                         .push(&Event::RunStarted(std::sync::Arc::new(info)));
                 }
@@ -1610,6 +1611,37 @@ impl Recorder {
             report_html,
         }
     }
+}
+
+/// The planned scenarios as a rerun's own record lists them: only the trajectories it
+/// reran. The engine plans every scenario (an unchanged one's turns are answered from the
+/// session's records); listed whole, the rerun's report said an unchanged trajectory was
+/// "not recorded: the run stopped before it" and counted it planned.
+fn rerun_scenarios(
+    scenarios: &[trellis_engine::record::ScenarioInfo],
+    whys: &HashMap<(String, String), Why>,
+) -> Vec<trellis_engine::record::ScenarioInfo> {
+    scenarios
+        .iter()
+        .filter_map(|s| {
+            let key = format!("{}/{}", s.suite, s.scenario);
+            let rerun: Vec<usize> = (0..s.trajectories.len())
+                .filter(|&i| {
+                    whys.get(&(key.clone(), s.trajectories[i].clone()))
+                        .is_none_or(|w| *w != Why::Unchanged)
+                })
+                .collect();
+            if rerun.is_empty() {
+                return None;
+            }
+            let mut kept = s.clone();
+            kept.trajectories = rerun.iter().map(|&i| s.trajectories[i].clone()).collect();
+            if s.fingerprints.len() == s.trajectories.len() {
+                kept.fingerprints = rerun.iter().map(|&i| s.fingerprints[i].clone()).collect();
+            }
+            Some(kept)
+        })
+        .collect()
 }
 
 /// Whether a directory that appeared under a watched root holds a suite file, as loading

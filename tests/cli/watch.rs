@@ -273,6 +273,17 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     let (trajectories, turns) = journal(&runs[1]);
     assert_eq!(trajectories, ["suite/forks/right"], "the branch edit");
     assert_eq!(turns, ["go RIGHT", "and on"]);
+    // It plans only what it reran: the untouched branch is neither planned nor said to be
+    // cut short by its report.
+    let started: serde_json::Value =
+        serde_json::from_str(crate::journal_text(&runs[1]).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        started["run_started"]["scenarios"][0]["trajectories"],
+        serde_json::json!(["right"]),
+        "{started}"
+    );
+    let report = std::fs::read_to_string(runs[1].join("report.html")).unwrap();
+    assert!(!report.contains("the run stopped before it"), "{report}");
     let (trajectories, turns) = journal(&runs[2]);
     assert_eq!(
         trajectories,
