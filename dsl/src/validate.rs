@@ -4,7 +4,7 @@
 //! When a file could not be parsed, references that its definitions might have satisfied are
 //! not reported (they would be noise next to the syntax error).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use miette::SourceSpan;
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -70,8 +70,9 @@ pub struct LoadInfo {
     pub unparsed: bool,
     /// Definitions that were written but failed to decode.
     pub declared: HashSet<(RefKind, String)>,
-    /// Per scenario (by its id span): captures that failed to decode.
-    pub failed_captures: HashMap<Span, HashSet<String>>,
+    /// Per scenario (by its id span): captures that failed to decode, each with the offset
+    /// in the scenario's file of its first `capture` node.
+    pub failed_captures: HashMap<Span, HashMap<String, usize>>,
     /// Per [`Project::suites`] index: where `suite "NAME"` was written, if it was.
     pub suite_spans: Vec<Option<Span>>,
     /// The protocols agents may speak: the registry handed to [`crate::load`].
@@ -1159,17 +1160,18 @@ impl<'p> Validator<'p> {
         self.call_names(&sc.steps);
         self.first_turn_needs_a_speaking_agent(sc);
         self.attack_needs_a_copyable_conversation(sc);
-        let failed: BTreeSet<String> = self
+        let failed: BTreeMap<String, usize> = self
             .info
             .failed_captures
             .get(&sc.id.span)
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| s.iter().map(|(name, at)| (name.clone(), *at)).collect())
             .unwrap_or_default();
-        let mut all_captures = failed.clone();
+        let mut all_captures: BTreeSet<String> = failed.keys().cloned().collect();
         collect_captures(&sc.steps, &mut all_captures);
         let cx = StepCx {
             scenario: sc,
             all_captures: &all_captures,
+            failed_captures: &failed,
         };
         if let Some(History {
             source: HistorySource::Template(t),
@@ -1179,7 +1181,8 @@ impl<'p> Validator<'p> {
             self.template(&cx, t, &BTreeSet::new());
         }
         self.turn_templates(&cx);
-        let at_end = self.steps(&cx, &sc.steps, failed);
+        let mut at_end = self.steps(&cx, &sc.steps, BTreeSet::new());
+        at_end.extend(failed.keys().cloned());
         // Trajectory criteria are checked after the last step: they see the captures made on
         // every path.
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
@@ -1538,6 +1541,13 @@ impl<'p> Validator<'p> {
         mut captured: BTreeSet<String>,
     ) -> BTreeSet<String> {
         for (i, step) in steps.iter().enumerate() {
+            let in_file = step.span.file == cx.scenario.id.span.file;
+            captured.extend(
+                cx.failed_captures
+                    .iter()
+                    .filter(|(_, at)| !in_file || **at < step.span.span.offset())
+                    .map(|(name, _)| name.clone()),
+            );
             match &step.kind {
                 StepKind::User(t) | StepKind::Call { input: t, .. } => {
                     self.template(cx, t, &captured)
@@ -1946,6 +1956,10 @@ impl<'p> Validator<'p> {
 struct StepCx<'a> {
     scenario: &'a Scenario,
     all_captures: &'a BTreeSet<String>,
+    /// Captures that failed to decode, by the offset of their `capture` node in the
+    /// scenario's file: taken as captured from there on (their own error is reported), so
+    /// that a step before one still reads the name as not yet captured.
+    failed_captures: &'a BTreeMap<String, usize>,
 }
 
 /// Where an `attack` that ends a block (or one of its last fork group's branches) is.

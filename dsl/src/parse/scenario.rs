@@ -8,7 +8,9 @@ pub(super) struct ScenarioState {
     /// Singular nodes already seen, for duplicate reports.
     pub(super) seen: HashMap<&'static str, SourceSpan>,
     /// Captures that failed to decode: templates using them must not be reported again.
-    pub(super) failed_captures: HashSet<String>,
+    /// Captures that failed to decode, each with the offset of its first `capture` node:
+    /// a step before it still reads the name as not yet captured.
+    pub(super) failed_captures: HashMap<String, usize>,
 }
 
 impl<'f> Decoder<'f> {
@@ -67,7 +69,7 @@ impl<'f> Decoder<'f> {
         };
         let mut st = ScenarioState {
             seen: HashMap::new(),
-            failed_captures: HashSet::new(),
+            failed_captures: HashMap::new(),
         };
         let mut initial: Option<Step> = None;
         let mut scenario_simulator: Option<Simulator> = None;

@@ -307,7 +307,9 @@ impl<'f> Decoder<'f> {
                 source,
             }),
             None => {
-                st.failed_captures.insert(name.value);
+                st.failed_captures
+                    .entry(name.value)
+                    .or_insert(v.span.offset());
                 None
             }
         }
