@@ -89,6 +89,10 @@ pub enum Kind {
     /// A warning of `trellis check`: a `branch` with no sibling, a fork of one, whose steps
     /// run in sequence rather than as an alternative.
     LoneBranch,
+    /// A warning of `trellis check`: a scenario's or branch's `simulator` or a branch's
+    /// `persona` that no `simulate` step under it plays: written to shape a simulated user,
+    /// it changes nothing.
+    Unplayed,
     /// A warning of `trellis check`: a suite file with no nodes (empty, or comments only),
     /// such as one just created in an editor. Loading goes on without it; a project left
     /// with no scenario at all is an error of its own.
@@ -140,6 +144,7 @@ impl Kind {
             Kind::NoSuite => "trellis::no_suite",
             Kind::MaxTurns => "trellis::max_turns",
             Kind::LoneBranch => "trellis::lone_branch",
+            Kind::Unplayed => "trellis::unplayed",
             Kind::EmptyFile => "trellis::empty_file",
             Kind::NotJson => "trellis::not_json",
             Kind::NeverPasses => "trellis::never_passes",
@@ -186,6 +191,7 @@ impl Diagnostic {
                 | Kind::DuplicateCheck
                 | Kind::MaxTurns
                 | Kind::LoneBranch
+                | Kind::Unplayed
                 | Kind::EmptyFile
                 | Kind::NotJson
                 | Kind::NeverPasses => Severity::Warning,

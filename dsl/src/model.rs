@@ -312,6 +312,10 @@ pub struct Project {
     /// Files with no nodes (empty, or comments only), loaded as nothing: `trellis check`
     /// warns about them (`trellis::empty_file`).
     pub empty_files: Vec<FileId>,
+    /// `simulator` (of a scenario or branch) and `persona` (of a branch) nodes no `simulate`
+    /// step under them plays, by their names' spans: `trellis check` warns about them
+    /// (`trellis::unplayed`).
+    pub unplayed: Vec<Spanned<&'static str>>,
 }
 
 impl Project {

@@ -128,6 +128,7 @@ fn load_from<P: AsRef<Path>>(
     } else {
         project.empty_files = empty_files;
     }
+    project.unplayed = std::mem::take(&mut info.unplayed);
     let tables = crate::expand::read_datasets(&project, &mut info, &mut diags);
     let (problems, env_reads) = validate::validate_reading_env(&project, &info);
     diags.extend(problems);

@@ -83,6 +83,8 @@ pub struct LoadInfo {
     /// Branch `persona`s no `simulate` step of the branch plays: a name that is not a
     /// persona is still an error (a typo there would otherwise pass unseen).
     pub unused_personas: Vec<std::sync::Arc<PersonaRef>>,
+    /// Where each of those (`simulator` or `persona`) was written: [`Project::unplayed`].
+    pub unplayed: Vec<Spanned<&'static str>>,
     /// Per `dataset` id: the columns its file has, or `None` when it was not read (a format
     /// this process has no reader of): `row.*` is then not checked.
     pub dataset_columns: HashMap<String, Option<Vec<String>>>,
@@ -107,6 +109,7 @@ impl LoadInfo {
             protocols: _,
             unused_simulators,
             unused_personas,
+            unplayed,
             dataset_columns,
         } = file;
         self.broken |= broken;
@@ -117,6 +120,7 @@ impl LoadInfo {
         self.suite_spans.extend(suite_spans);
         self.unused_simulators.extend(unused_simulators);
         self.unused_personas.extend(unused_personas);
+        self.unplayed.extend(unplayed);
         self.dataset_columns.extend(dataset_columns);
     }
 }
@@ -466,6 +470,32 @@ fn lone_branches(steps: &[Step], files: &[SourceFile], out: &mut Vec<Diagnostic>
     }
 }
 
+/// A `simulator` or branch `persona` that no `simulate` step under it plays.
+fn unplayed(node: &Spanned<&'static str>, files: &[SourceFile]) -> Diagnostic {
+    let (message, help) = match node.value {
+        "persona" => (
+            "this branch's `persona` is never played: no `simulate` step in the branch",
+            "a branch's persona is who the simulated user is in that branch's `simulate` \
+             steps; add one (`simulate turns=2`), or remove the persona (the judge and \
+             `persona.*` keep the scenario's)",
+        ),
+        _ => (
+            "this `simulator` is never used: no `simulate` step under it",
+            "a scenario's or branch's `simulator` shapes the simulated user of the `simulate` \
+             steps written inside it (a branch's not those after its fork group); add one \
+             (`simulate turns=2`), or remove the block",
+        ),
+    };
+    Diagnostic::at_span(
+        Kind::Unplayed,
+        message,
+        files,
+        node.span,
+        "nothing plays it",
+    )
+    .with_help(help)
+}
+
 /// `needs` on a `draft` or `archived` scenario: it does not run without
 /// `--include-inactive`, so the scenario that needs it is skipped every time.
 /// `needs` are found through `resolver`, built once for the project: scanning the suites for
@@ -593,6 +623,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         }
     }
     out.extend(empty_files(project, &project.empty_files, Kind::EmptyFile));
+    out.extend(project.unplayed.iter().map(|node| unplayed(node, files)));
     for (id, why) in &project.empty_expansions {
         out.push(
             Diagnostic::at_span(

@@ -1574,6 +1574,62 @@ scenario "paired" {
     assert!(said.contains("s.kdl:4:"), "{said}");
 }
 
+/// A `simulator` or a branch `persona` that no `simulate` step under it plays changes
+/// nothing: warned where it is written. Played ones are not.
+#[tokio::test]
+async fn a_simulator_or_persona_nothing_plays_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "demo" protocol="connexity" builtin="booking"
+provider "local" kind="openai" model="m" base-url="http://127.0.0.1:9/v1"
+persona "p" description="a user in a hurry"
+scenario "s" {
+    simulator instructions="book"
+    user "hi"
+    branch "a" {
+        persona "p"
+        simulator temperature=0.2
+        user "x"
+    }
+    branch "b" {
+        user "y"
+    }
+    expect no-error
+}
+scenario "played" {
+    simulator instructions="book"
+    user "hi"
+    branch "a" {
+        persona "p"
+        simulate turns=1
+    }
+    branch "b" {
+        user "y"
+    }
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::unplayed").count(), 3, "{said}");
+    for at in ["s.kdl:5:5", "s.kdl:8:9", "s.kdl:9:9"] {
+        assert!(said.contains(at), "{at}: {said}");
+    }
+    assert!(
+        said.contains("this branch's `persona` is never played"),
+        "{said}"
+    );
+    assert!(
+        said.contains("this `simulator` is never used: no `simulate` step under it"),
+        "{said}"
+    );
+}
+
 /// A mock answer that starts like JSON but is not (a trailing comma) is answered as text:
 /// warned, naming the parser's error. A `no-tool` naming a near miss of a tool the same
 /// scenario checks was called passes whatever the agent does: warned, though no `tool`

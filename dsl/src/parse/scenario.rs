@@ -72,7 +72,7 @@ impl<'f> Decoder<'f> {
             failed_captures: HashMap::new(),
         };
         let mut initial: Option<Step> = None;
-        let mut scenario_simulator: Option<Simulator> = None;
+        let mut scenario_simulator: Option<(Simulator, SourceSpan)> = None;
         let mut has_initial = false;
         let mut step_nodes: Vec<&KdlNode> = Vec::new();
         let mut typo_first_turn = false;
@@ -249,7 +249,9 @@ impl<'f> Decoder<'f> {
                         .single(&cv, spec, "timeout \"2m\"")
                         .and_then(|e| self.timeout(e))
                 }
-                "simulator" => scenario_simulator = self.nested_simulator(&cv),
+                "simulator" => {
+                    scenario_simulator = self.nested_simulator(&cv).map(|s| (s, cv.name_span))
+                }
                 "first-turn" => {
                     if let Some(t) = self
                         .single(&cv, spec, "first-turn \"agent\"")
@@ -378,10 +380,12 @@ impl<'f> Decoder<'f> {
             || typo_first_turn;
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
-        if let Some(simulator) = scenario_simulator {
+        if let Some((simulator, at)) = scenario_simulator {
             let simulator = std::sync::Arc::new(simulator);
             if !assign_simulator(&mut sc.steps, &simulator) {
                 self.info.unused_simulators.push((*simulator).clone());
+                let span = self.span(at);
+                self.info.unplayed.push(Spanned::new("simulator", span));
             }
         }
         if !st.failed_captures.is_empty() {

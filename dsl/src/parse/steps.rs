@@ -80,16 +80,19 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 let (mut steps, turn) = self.steps(&inner, has_turn, st);
+                let unplayed = |name| (name, settings.get(name).copied());
                 if let Some(simulator) = simulator {
                     let simulator = std::sync::Arc::new(simulator);
                     if !assign_simulator(&mut steps, &simulator) {
                         self.info.unused_simulators.push((*simulator).clone());
+                        self.unplayed(unplayed("simulator"));
                     }
                 }
                 if let Some(persona) = persona {
                     let persona = std::sync::Arc::new(persona);
                     if !assign_persona(&mut steps, &persona) {
                         self.info.unused_personas.push(persona);
+                        self.unplayed(unplayed("persona"));
                     }
                 }
                 all_turn &= turn;
@@ -270,6 +273,15 @@ impl<'f> Decoder<'f> {
                 simulator: None,
                 persona: None,
             }),
+        }
+    }
+
+    /// Records a branch's `simulator` or `persona` (by its name's span) as played by no
+    /// step: [`crate::model::Project::unplayed`].
+    fn unplayed(&mut self, (name, at): (&'static str, Option<SourceSpan>)) {
+        if let Some(at) = at {
+            let span = self.span(at);
+            self.info.unplayed.push(Spanned::new(name, span));
         }
     }
 
