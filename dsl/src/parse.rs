@@ -151,7 +151,7 @@ fn load_from<P: AsRef<Path>>(
         // refused there leaves its scenario "checking nothing"), and no undeclared tool (its
         // declaration may be what an error refused, in any file).
         let broken_files: HashSet<usize> = diags.iter().filter_map(|d| d.file).collect();
-        let warnings = validate::warnings(&project, |name| std::env::var(name).is_ok())
+        let warnings = validate::warnings(&project, |name| std::env::var(name).ok())
             .into_iter()
             .filter(|w| w.file.is_none_or(|f| !broken_files.contains(&f)))
             .filter(|w| w.kind != Kind::UnknownTool)

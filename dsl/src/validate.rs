@@ -544,10 +544,6 @@ fn needs_of_inactive(
     }
 }
 
-/// What `trellis check` warns about in a valid project: scenarios that check nothing (their
-/// trajectories are recorded as skipped, not passed) and `env` variables a template reads
-/// that `is_set` says are unset (rendering fails at run time). One warning per variable, at
-/// its first use.
 /// One diagnostic of `kind` on each of `ids`, files with no nodes: a warning beside other
 /// files (a file just created in an editor), an error when nothing else was loaded.
 pub(crate) fn empty_files(project: &Project, ids: &[FileId], kind: Kind) -> Vec<Diagnostic> {
@@ -569,7 +565,12 @@ pub(crate) fn empty_files(project: &Project, ids: &[FileId], kind: Kind) -> Vec<
         .collect()
 }
 
-pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnostic> {
+/// What `trellis check` warns about in a valid project: scenarios that check nothing (their
+/// trajectories are recorded as skipped, not passed), `env` variables a template reads
+/// that `env` says are unset (rendering fails at run time; one warning per variable, at
+/// its first use), a provider's API key unset or empty (the run refuses both), and the
+/// rest of [`Kind`]'s warnings. `env` reads a variable as `trellis run` would.
+pub fn warnings(project: &Project, env: impl Fn(&str) -> Option<String>) -> Vec<Diagnostic> {
     let files = &project.files;
     let mut out = Vec::new();
     // Instances of one `for-each` / `matrix` scenario share its steps: one warning for all.
@@ -639,14 +640,21 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
     out.extend(tool_typos(project, &mut warned));
     out.extend(missing_paths(project));
     for p in &project.providers {
-        let Some(var) = p.api_key_env.as_ref().filter(|var| !is_set(&var.value)) else {
+        let Some(var) = &p.api_key_env else {
             continue;
+        };
+        // An empty key is refused as a missing one (`engine/src/llm/provider.rs`): it is what
+        // a CI secret a pull request from a fork cannot read expands to.
+        let (state, empty) = match env(&var.value) {
+            Some(value) if !value.is_empty() => continue,
+            Some(_) => ("is empty", true),
+            None => ("is not set", false),
         };
         out.push(
             Diagnostic::at_span(
                 Kind::UnsetEnv,
                 format!(
-                    "environment variable `{}` (the API key of provider `{}`) is not set",
+                    "environment variable `{}` (the API key of provider `{}`) {state}",
                     var.value, p.id.value
                 ),
                 files,
@@ -654,15 +662,22 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
                 "read when the run starts",
             )
             .with_help(format!(
-                "export `{}` before `trellis run`: every call through `{}` fails without it \
+                "export `{}` before `trellis run`{}: every call through `{}` fails without it \
                  (remove `api-key-env` for a local server that needs no key)",
-                var.value, p.id.value
+                var.value,
+                if empty {
+                    " with a value (a CI secret a pull request from a fork cannot read is \
+                     empty)"
+                } else {
+                    ""
+                },
+                p.id.value
             )),
         );
     }
     let mut uses: Vec<(&str, Span, usize)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
-    for read in project.env_reads.iter().filter(|r| !is_set(&r.value)) {
+    for read in project.env_reads.iter().filter(|r| env(&r.value).is_none()) {
         match index.get(read.value.as_str()) {
             Some(&i) => uses[i].2 += 1,
             None => {

@@ -737,7 +737,7 @@ fn lsp() -> u8 {
         warnings: Box::new(|project| {
             let mut warnings = trellis_engine::plan::warnings(project);
             warnings.extend(trellis_dsl::validate::warnings(project, |name| {
-                std::env::var(name).is_ok()
+                std::env::var(name).ok()
             }));
             warnings
         }),
@@ -769,7 +769,7 @@ fn check(args: &PathArgs, json: bool) -> u8 {
     let mut warnings = trellis_engine::plan::warnings(&project);
     // `env` as `run` would see it here: a template reading an unset variable fails at run time.
     warnings.extend(trellis_dsl::validate::warnings(&project, |name| {
-        std::env::var(name).is_ok()
+        std::env::var(name).ok()
     }));
     for warning in &warnings {
         if json {

@@ -518,6 +518,23 @@ async fn an_unset_api_key_variable_is_a_warning_at_its_name() {
     assert!(err.contains("through `hosted` fails without it"), "{err}");
     assert!(err.contains("key.kdl:1:"), "located at the name: {err}");
 
+    // Set but empty, as a CI secret a pull request from a fork cannot read: the run
+    // refuses it as a missing key, so `check` warns too.
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env("TRELLIS_TEST_UNSET_KEY", "")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "a warning, not an error");
+    let err = crate::flat(&stderr(&o));
+    assert!(
+        err.contains("`TRELLIS_TEST_UNSET_KEY` (the API key of provider `hosted`) is empty"),
+        "{err}"
+    );
+    assert!(err.contains("cannot read is empty"), "{err}");
+
     let o = trellis()
         .arg("check")
         .arg(dir.path())
