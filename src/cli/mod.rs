@@ -348,7 +348,8 @@ pub struct RunArgs {
     /// whole; `trellis merge` combines the N runs. Without it, a Kubernetes Indexed Job
     /// (JOB_COMPLETION_INDEX with --shards or TRELLIS_SHARDS), GitLab `parallel`
     /// (CI_NODE_INDEX, CI_NODE_TOTAL) or Buildkite `parallelism` (BUILDKITE_PARALLEL_JOB,
-    /// BUILDKITE_PARALLEL_JOB_COUNT) says which shard this is.
+    /// BUILDKITE_PARALLEL_JOB_COUNT) says which shard this is. 1/1 runs the whole plan
+    /// whatever those say.
     #[arg(long, value_name = "I/N", conflicts_with = "shards")]
     shard: Option<trellis_engine::shard::Shard>,
     /// How many shards there are, where the runner sets only the index (Kubernetes'

@@ -48,6 +48,16 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    if args.shard.is_none()
+        && let Some(job) = shard::gitlab_matrix_job(&|name| std::env::var(name).ok())
+    {
+        errln!(
+            "note: {} and {} are those of GitLab `parallel: matrix` job `{job}`, not a \
+             shard: the whole plan runs (pass --shard I/N to shard it)",
+            shard::GITLAB_INDEX,
+            shard::GITLAB_TOTAL
+        );
+    }
     // A shard resumes as the shard it started as, with the split it recorded.
     let recorded = match &args.resume {
         Some(dir) => match shard::recorded(dir) {
@@ -73,10 +83,11 @@ pub fn run(args: RunArgs) -> u8 {
         && args.baseline.is_some()
     {
         errln!(
-            "error: shard {} runs part of the plan, so it cannot be compared with a whole \
-             run; gate the merged run instead: `trellis merge SHARD_DIR… --out DIR \
-             --baseline{}` (docs/sharding.md)",
+            "error: shard {} (from {}) runs part of the plan, so it cannot be compared with a \
+             whole run; gate the merged run instead: `trellis merge SHARD_DIR… --out DIR \
+             --baseline{}` (docs/sharding.md), or pass --shard 1/1 to run the whole plan",
             chosen.shard,
+            chosen.from,
             match args.baseline.as_deref() {
                 Some("pinned") | None => String::new(),
                 Some(run) => format!(" {run}"),

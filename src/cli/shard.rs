@@ -28,6 +28,9 @@ pub const GITLAB_INDEX: &str = "CI_NODE_INDEX";
 pub const GITLAB_TOTAL: &str = "CI_NODE_TOTAL";
 pub const BUILDKITE_INDEX: &str = "BUILDKITE_PARALLEL_JOB";
 pub const BUILDKITE_COUNT: &str = "BUILDKITE_PARALLEL_JOB_COUNT";
+/// GitLab's job name: `test 2/3` for a `parallel: 3` job, `test: [a, b]` for a
+/// `parallel: matrix` one, which GitLab gives [`GITLAB_INDEX`] and [`GITLAB_TOTAL`] too.
+pub const GITLAB_JOB_NAME: &str = "CI_JOB_NAME";
 
 /// Why the shard a run should take cannot be known.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -124,14 +127,15 @@ pub struct Chosen {
 }
 
 /// The shard from `--shard`, else `--shards` with a runner's index, else a runner's
-/// variables (`env` reads one); `None` runs the whole plan.
+/// variables (`env` reads one); `None` runs the whole plan, as `--shard 1/1` says whatever
+/// the runner's variables are.
 pub fn choose(
     flag: Option<Shard>,
     shards: Option<u32>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Chosen>, ShardEnvError> {
     if let Some(shard) = flag {
-        return Ok(Some(Chosen {
+        return Ok((shard.count() > 1).then(|| Chosen {
             shard,
             from: "--shard".to_owned(),
         }));
@@ -205,6 +209,9 @@ pub fn choose(
         ),
     ];
     for (index_name, count_name, runner, base) in pairs {
+        if index_name == GITLAB_INDEX && gitlab_matrix_job(env).is_some() {
+            continue;
+        }
         let Some(value) = read(index_name) else {
             // A count of more than one without its index would run the whole plan in each
             // of those jobs. GitLab sets `CI_NODE_TOTAL=1` on a job that is not parallel.
@@ -252,6 +259,17 @@ pub fn choose(
             None => Ok(None),
         },
     }
+}
+
+/// The job's name when GitLab's node variables belong to a `parallel: matrix` job
+/// (`test: [openai, gpt-4o]`): one job per combination of the matrix's values, each meant to
+/// run the whole plan with its own values, not a shard of it. Read as sharding, each
+/// job ran a part of the plan (and exited 0). Its `parallel: N` jobs are named `test 2/3`.
+pub fn gitlab_matrix_job(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    env(GITLAB_INDEX)?;
+    let name = env(GITLAB_JOB_NAME)?;
+    let (_, values) = name.trim_end().rsplit_once(": [")?;
+    values.ends_with(']').then_some(name)
 }
 
 /// The costs a split is balanced by: `--shard-costs RUN` (`none`: trajectory runs), else
@@ -485,6 +503,31 @@ mod tests {
                 &[(BUILDKITE_INDEX, "0"), (BUILDKITE_COUNT, "2")]
             ),
             Some((1, 2))
+        );
+    }
+
+    /// `--shard 1/1` is the whole plan, whatever the runner says; so is a GitLab
+    /// `parallel: matrix` job, whose node variables number the matrix's jobs.
+    #[test]
+    fn the_whole_plan_is_asked_for_or_a_matrix_job() {
+        let gitlab = [(GITLAB_INDEX, "2"), (GITLAB_TOTAL, "3")];
+        assert_eq!(pick(Some("1/1"), None, &gitlab), None);
+        let named = |name| {
+            let mut vars = gitlab.to_vec();
+            vars.push((GITLAB_JOB_NAME, name));
+            pick(None, None, &vars)
+        };
+        assert_eq!(named("eval: [openai, gpt-4o]"), None);
+        assert_eq!(named("eval 2/3"), Some((2, 3)));
+        assert_eq!(named("eval"), Some((2, 3)));
+        assert_eq!(
+            gitlab_matrix_job(&env(&[(GITLAB_INDEX, "1"), (GITLAB_JOB_NAME, "eval: [a]")]))
+                .as_deref(),
+            Some("eval: [a]")
+        );
+        assert_eq!(
+            gitlab_matrix_job(&env(&[(GITLAB_JOB_NAME, "eval: [a]")])),
+            None
         );
     }
 

@@ -1205,8 +1205,14 @@ async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
         (
             &["--shard", "1/2", "--baseline"],
             &[],
-            "cannot be compared with a whole run; gate the merged run instead: `trellis merge \
-             SHARD_DIR… --out DIR --baseline` (docs/sharding.md)",
+            "shard 1/2 (from --shard) runs part of the plan, so it cannot be compared with a \
+             whole run; gate the merged run instead: `trellis merge SHARD_DIR… --out DIR \
+             --baseline` (docs/sharding.md), or pass --shard 1/1 to run the whole plan",
+        ),
+        (
+            &["--baseline"],
+            &[("CI_NODE_INDEX", "2"), ("CI_NODE_TOTAL", "3")],
+            "shard 2/3 (from CI_NODE_INDEX=2 and CI_NODE_TOTAL=3 (GitLab `parallel`)) runs part",
         ),
         (
             &["--shard", "1/2", "--baseline", "main-nightly"],
@@ -1280,6 +1286,40 @@ async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
             meta["shard"]["index"].to_string() + "/" + &meta["shard"]["count"].to_string(),
             shard
         );
+    }
+
+    // The whole plan, whatever GitLab's node variables say: `--shard 1/1` asks for it (with a
+    // baseline), and a `parallel: matrix` job's variables number its matrix, not shards.
+    let gitlab = [("CI_NODE_INDEX", "2"), ("CI_NODE_TOTAL", "3")];
+    for (args, job) in [
+        (&["--shard", "1/1"][..], "eval 2/3"),
+        (&[][..], "eval: [openai, gpt-4o]"),
+    ] {
+        let mut cmd = trellis();
+        cmd.arg("run")
+            .arg(&suite)
+            .args(args)
+            .args(["--message-format", "json", "--out"])
+            .arg(&out)
+            .arg("--replace")
+            .envs(gitlab)
+            .env("CI_JOB_NAME", job);
+        let o = cmd.output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{args:?} {job}: {}", said(&o));
+        assert!(!stderr(&o).contains("shard 2/3"), "{}", said(&o));
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+        assert!(meta.get("shard").is_none(), "{meta}");
+        let last: serde_json::Value =
+            serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+        // one, two and three twice: every trajectory run of the plan.
+        assert_eq!(last["trajectories"], 4, "{last}");
+        assert_eq!(last["shard"], serde_json::Value::Null, "{last}");
+        let matrix = flat(&stderr(&o)).contains(
+            "are those of GitLab `parallel: matrix` job `eval: [openai, gpt-4o]`, not a shard: \
+             the whole plan runs",
+        );
+        assert_eq!(matrix, args.is_empty(), "{}", said(&o));
     }
 }
 
