@@ -413,9 +413,12 @@ fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// A workflow command's message: `%`, CR and LF escaped, as the runner reads them.
+/// A workflow command's message: `%`, CR and LF escaped, as the runner reads them, and any
+/// other control character written as an escape (`\u{1b}`): an agent's error body quoted in
+/// a fault would otherwise put terminal escapes in the log and NUL bytes in the job's page.
 fn data(text: &str) -> String {
-    text.replace('%', "%25")
+    visible(text, &['\n', '\r', '\t'])
+        .replace('%', "%25")
         .replace('\r', "%0D")
         .replace('\n', "%0A")
 }
@@ -425,13 +428,20 @@ fn property(text: &str) -> String {
     data(text).replace(':', "%3A").replace(',', "%2C")
 }
 
-/// Text inside a Markdown code span: a backtick would close it.
+/// Text inside a Markdown code span: a backtick would close it; control characters
+/// written as escapes.
 fn code(text: &str) -> String {
-    text.replace('`', "'")
+    visible(text, &[]).replace('`', "'")
+}
+
+/// `text` with every control character but `kept` written as an escape (`\u{1b}`).
+fn visible<'a>(text: &'a str, kept: &[char]) -> std::borrow::Cow<'a, str> {
+    trellis_engine::record::shown::visible_controls_but(text, kept)
 }
 
 /// Text in a Markdown line: on one line, with what would start markup or HTML escaped.
 fn markdown(text: &str) -> String {
+    let text = visible(text, &['\n', '\r']);
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {
         match ch {
@@ -458,6 +468,12 @@ mod tests {
         assert_eq!(data("50% done\nnext\r"), "50%25 done%0Anext%0D");
         assert_eq!(property("a:b,c%"), "a%3Ab%2Cc%25");
         assert_eq!(markdown("a|b *c* <x>\nd"), "a\\|b \\*c\\* &lt;x&gt; d");
+        // An agent's bytes: escapes, a terminal title, a NUL, written visibly.
+        let hostile = "\u{1b}[31mred\u{1b}]0;pwned\u{7}\0end";
+        for shown in [data(hostile), markdown(hostile), code(hostile)] {
+            assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
+        }
+        assert_eq!(data("a\u{1b}b\tc"), "a\\u{1b}b\tc");
         assert_eq!(code("a`b"), "a'b");
     }
 }
