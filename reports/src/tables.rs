@@ -19,13 +19,13 @@
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use polars_arrow::array::{Array, BooleanArray, ListArray, MutableBinaryViewArray, PrimitiveArray};
 use polars_arrow::datatypes::{ArrowDataType, ArrowSchema, Field};
 use polars_arrow::offset::Offsets;
 use polars_arrow::types::Index;
-use polars_error::PolarsResult;
+use polars_error::{PolarsError, PolarsResult};
 use polars_parquet::write::{CompressionOptions, FileWriter};
 use trellis_records::{
     CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, SpanBatch, SpanRecord,
@@ -558,11 +558,62 @@ fn reader_schema(schema: &ArrowSchema) -> polars_parquet::write::KeyValue {
     polars_parquet::write::schema_to_metadata_key(&schema)
 }
 
+/// A table's file as its Parquet writer writes it, keeping the first I/O error: the writer
+/// reports one met while writing a page header as "Invalid thrift: transport error", and
+/// a full disk read as a damaged file.
+struct KeptIoError<W = BufWriter<File>> {
+    file: W,
+    first: Arc<OnceLock<io::Error>>,
+}
+
+impl<W> KeptIoError<W> {
+    fn keep<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        result.inspect_err(|e| {
+            let copy = match e.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(e.kind(), e.to_string()),
+            };
+            let _ = self.first.set(copy);
+        })
+    }
+}
+
+impl<W: io::Write> io::Write for KeptIoError<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.file.write(buf);
+        self.keep(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let flushed = self.file.flush();
+        self.keep(flushed)
+    }
+}
+
+/// What a Parquet write's error was: the I/O error under it, if the file met one.
+fn write_error(first: &OnceLock<io::Error>, path: &Path, source: PolarsError) -> ReportError {
+    match first.get() {
+        Some(e) => {
+            let copy = match e.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(e.kind(), e.to_string()),
+            };
+            ReportError::io("write", path, copy)
+        }
+        None => ReportError::Polars {
+            path: path.to_path_buf(),
+            source,
+        },
+    }
+}
+
 /// One Parquet file being written batch by batch.
 struct TableFile<R: Rows> {
     staged: Staged,
     buf: R,
-    writer: FileWriter<BufWriter<File>>,
+    writer: FileWriter<KeptIoError>,
+    /// The first I/O error the writer met: said instead of what the writer made of it.
+    io_error: Arc<OnceLock<io::Error>>,
     batch_rows: usize,
     /// Rows written as row groups so far.
     written: usize,
@@ -576,15 +627,18 @@ impl<R: Rows> TableFile<R> {
         let (staged, file) = Staged::create(&dir.join(name))?;
         // The schema is the table's own, so a table that never gets a row is still a valid
         // file with the right columns.
-        let writer = FileWriter::try_new(BufWriter::new(file), R::schema(), write_options())
-            .map_err(|source| ReportError::Polars {
-                path: staged.path.clone(),
-                source,
-            })?;
+        let io_error = Arc::new(OnceLock::new());
+        let file = KeptIoError {
+            file: BufWriter::new(file),
+            first: io_error.clone(),
+        };
+        let writer = FileWriter::try_new(file, R::schema(), write_options())
+            .map_err(|source| write_error(&io_error, &staged.path, source))?;
         Ok(TableFile {
             staged,
             buf: R::default(),
             writer,
+            io_error,
             batch_rows: batch_rows.max(1),
             written: 0,
             failed: None,
@@ -614,14 +668,16 @@ impl<R: Rows> TableFile<R> {
         if self.buf.rows() == 0 {
             return Ok(());
         }
-        let polars_error = |source| ReportError::Polars {
-            path: self.staged.path.clone(),
-            source,
-        };
-        let (rows, arrays) = self.buf.take_arrays().map_err(polars_error)?;
+        let (rows, arrays) = self
+            .buf
+            .take_arrays()
+            .map_err(|source| ReportError::Polars {
+                path: self.staged.path.clone(),
+                source,
+            })?;
         self.written += rows;
         crate::row_groups::write(&mut self.writer, rows, &arrays, write_options())
-            .map_err(polars_error)
+            .map_err(|source| write_error(&self.io_error, &self.staged.path, source))
     }
 
     /// The path of the finished file, or why it could not be written.
@@ -635,10 +691,7 @@ impl<R: Rows> TableFile<R> {
             // writer's), then closes the file before the rename.
             self.writer
                 .end(Some(vec![reader_schema(&R::schema())]))
-                .map_err(|source| ReportError::Polars {
-                    path: path.clone(),
-                    source,
-                })?;
+                .map_err(|source| write_error(&self.io_error, &path, source))?;
             drop(self.writer);
             self.staged.publish()
         });
@@ -1285,6 +1338,65 @@ mod tests {
             .expect("a writer over a buffer");
         let error = writer.end(None).expect_err("/dev/full took the file");
         assert!(error.to_string().contains("No space left"), "{error}");
+    }
+
+    /// A full disk met while a row group is written is said as what it is: the writer
+    /// itself calls it "Invalid thrift: transport error", and the table's error read as a
+    /// damaged file.
+    #[test]
+    fn a_disk_that_fills_up_mid_table_is_said_full() {
+        /// A disk that fills up part of the way through: the writer's page header is cut.
+        struct FillsUp(usize);
+        impl io::Write for FillsUp {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                match self.0 {
+                    0 => Err(io::Error::from_raw_os_error(28)),
+                    room => {
+                        let n = buf.len().min(room);
+                        self.0 -= n;
+                        Ok(n)
+                    }
+                }
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        // Many small columns, as a table's: page headers are small writes the buffer takes
+        // until one of them fills it, and the disk fills up under the writer's thrift.
+        let schema = ArrowSchema::from_iter(
+            (0..200).map(|i| Field::new(format!("c{i}").into(), ArrowDataType::Utf8View, true)),
+        );
+        let texts = ["a", "bb", "ccc", "dddd"].map(Some);
+        let arrays: Vec<Box<dyn Array>> = (0..200)
+            .map(|_| -> Box<dyn Array> {
+                Box::new(MutableBinaryViewArray::<str>::from_iter(texts).freeze())
+            })
+            .collect();
+        let mut thrift = 0;
+        for room in (0..60_000).step_by(401) {
+            let first = Arc::new(OnceLock::new());
+            let file = KeptIoError {
+                file: BufWriter::new(FillsUp(room)),
+                first: first.clone(),
+            };
+            let Ok(mut writer) = FileWriter::try_new(file, schema.clone(), write_options()) else {
+                continue;
+            };
+            let source = match crate::row_groups::write(&mut writer, 4, &arrays, write_options()) {
+                Err(e) => e,
+                Ok(()) => match writer.end(None) {
+                    Err(e) => e,
+                    Ok(_) => continue,
+                },
+            };
+            thrift += usize::from(source.to_string().contains("thrift"));
+            let error = write_error(&first, Path::new("t.parquet"), source);
+            let cause = std::error::Error::source(&error).map(ToString::to_string);
+            let said = format!("{error}: {}", cause.unwrap_or_default());
+            assert!(said.contains("No space left"), "{room}: {said}");
+        }
+        assert!(thrift > 0, "the writer never said a full disk as thrift's");
     }
 
     fn strings(array: &dyn Array) -> Vec<Option<String>> {
