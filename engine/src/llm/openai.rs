@@ -297,66 +297,87 @@ pub async fn read_chunks(
             break;
         }
         let chunk = codec::event_json(stream, "chunk", data)?;
-        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
-            return Err(Fault::new(
-                FaultCategory::AgentError,
-                format!("the model streamed an error: {}", error_text(error)),
-            ));
+        // Whether the chunk moved the answer on: a stuck server's content-free chunks
+        // (`{"delta":{}}`, each with its own `obfuscation` padding) must not hold the idle
+        // timeout off.
+        let mut moved = false;
+        'chunk: {
+            if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
+                return Err(Fault::new(
+                    FaultCategory::AgentError,
+                    format!("the model streamed an error: {}", error_text(error)),
+                ));
+            }
+            model = codec::model_of(&chunk).or(model);
+            if let Some(u) = decode_usage(chunk.get("usage")) {
+                heard.usage = Some(u);
+                moved = true;
+            }
+            let Some(choice) = chunk
+                .get("choices")
+                .and_then(Value::as_array)
+                .and_then(|c| c.first())
+            else {
+                break 'chunk;
+            };
+            if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
+                finished = true;
+                moved = true;
+                finish_reason = reason.as_str().map(str::to_owned).or(finish_reason);
+            }
+            let Some(delta) = choice.get("delta") else {
+                break 'chunk;
+            };
+            // A refusal streams in `refusal` deltas in place of `content` ones.
+            if let Some(piece) = delta
+                .get("content")
+                .and_then(Value::as_str)
+                .or_else(|| delta.get("refusal").and_then(Value::as_str))
+                && !piece.is_empty()
+            {
+                first_content.get_or_insert_with(|| stream.started().elapsed());
+                heard.text.get_or_insert_with(String::new).push_str(piece);
+                moved = true;
+            }
+            // A reasoning model thinks aloud before it answers (llama.cpp, vLLM, DeepSeek):
+            // not the answer, but the model is at work.
+            moved |= ["reasoning_content", "reasoning"].iter().any(|field| {
+                delta
+                    .get(*field)
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| !t.is_empty())
+            });
+            for (position, call) in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                first_content.get_or_insert_with(|| stream.started().elapsed());
+                moved = true;
+                let index = call
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(position as u64);
+                // Indices need not start at 0 nor follow each other: proxies in front of Claude
+                // number the first call 1 after a text block. Calls are merged by index and
+                // kept in the order they began, whatever the numbers.
+                let function = call.get("function");
+                calls.add(
+                    index,
+                    Fragment {
+                        id: call.get("id").and_then(Value::as_str),
+                        name: function.and_then(|f| f.get("name")).and_then(Value::as_str),
+                        arguments: function
+                            .and_then(|f| f.get("arguments"))
+                            .and_then(Value::as_str),
+                    },
+                );
+            }
         }
-        model = codec::model_of(&chunk).or(model);
-        if let Some(u) = decode_usage(chunk.get("usage")) {
-            heard.usage = Some(u);
-        }
-        let Some(choice) = chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
-            continue;
-        };
-        if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
-            finished = true;
-            finish_reason = reason.as_str().map(str::to_owned).or(finish_reason);
-        }
-        let Some(delta) = choice.get("delta") else {
-            continue;
-        };
-        // A refusal streams in `refusal` deltas in place of `content` ones.
-        if let Some(piece) = delta
-            .get("content")
-            .and_then(Value::as_str)
-            .or_else(|| delta.get("refusal").and_then(Value::as_str))
-            && !piece.is_empty()
-        {
-            first_content.get_or_insert_with(|| stream.started().elapsed());
-            heard.text.get_or_insert_with(String::new).push_str(piece);
-        }
-        for (position, call) in delta
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            first_content.get_or_insert_with(|| stream.started().elapsed());
-            let index = call
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(position as u64);
-            // Indices need not start at 0 nor follow each other: proxies in front of Claude
-            // number the first call 1 after a text block. Calls are merged by index and
-            // kept in the order they began, whatever the numbers.
-            let function = call.get("function");
-            calls.add(
-                index,
-                Fragment {
-                    id: call.get("id").and_then(Value::as_str),
-                    name: function.and_then(|f| f.get("name")).and_then(Value::as_str),
-                    arguments: function
-                        .and_then(|f| f.get("arguments"))
-                        .and_then(Value::as_str),
-                },
-            );
+        if !moved {
+            stream.keepalive();
         }
     }
     let mut tool_calls = Vec::with_capacity(calls.len());

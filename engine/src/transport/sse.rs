@@ -329,6 +329,10 @@ pub struct EventStream {
     progress_at: Option<Instant>,
     /// `progress_at` before the last event, to undo it when that event was a keep-alive.
     progress_before: Option<Instant>,
+    /// A hash of the last event's data: an event that repeats the one before it (a stuck
+    /// server's `{"delta":{}}` or `in_progress` every second) moved nothing, and does not
+    /// reset the idle timeout either, whatever the protocol makes of it.
+    last_data: u64,
 }
 
 impl EventStream {
@@ -440,6 +444,7 @@ impl EventStream {
             deadline: None,
             progress_at: None,
             progress_before: None,
+            last_data: 0,
             ttft: None,
             count: 0,
         }
@@ -493,8 +498,16 @@ impl EventStream {
                 if self.ttft.is_none() {
                     self.ttft = Some(self.started.elapsed());
                 }
+                let data = sse.data.as_deref().unwrap_or_default();
+                let hash = std::hash::BuildHasher::hash_one(
+                    &foldhash::fast::FixedState::default(),
+                    (&sse.event, data),
+                );
                 self.progress_before = self.progress_at;
-                self.progress_at = Some(Instant::now());
+                if self.count == 0 || hash != self.last_data {
+                    self.progress_at = Some(Instant::now());
+                }
+                self.last_data = hash;
                 self.count += 1;
                 Ok(Some(SseEvent {
                     event: sse.event,
@@ -516,8 +529,9 @@ impl EventStream {
         }
     }
 
-    /// The event just read was a keep-alive (a heartbeat): it does not reset the idle
-    /// timeout.
+    /// The event just read was a keep-alive (a heartbeat), or carried nothing the answer
+    /// keeps (an empty delta): it does not reset the idle timeout. A reader calls it for
+    /// such events, so that a server stuck sending them stalls out.
     pub fn keepalive(&mut self) {
         if self.progress_before.is_some() {
             self.progress_at = self.progress_before;

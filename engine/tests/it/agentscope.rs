@@ -493,6 +493,38 @@ async fn heartbeats_alone_do_not_keep_a_stream_alive() {
     );
 }
 
+/// A stuck server repeating one event (its response `in_progress`, every 100 ms) moves
+/// nothing: it stalls out after the idle timeout, as heartbeats do, rather than stream on.
+#[tokio::test]
+async fn an_event_repeated_over_and_over_does_not_keep_a_stream_alive() {
+    let mut steps = opening("Thinking");
+    for _ in 0..100 {
+        steps.push(Step::Sleep(Duration::from_millis(100)));
+        steps.push(event(
+            json!({"id": "r", "object": "response", "status": "in_progress"}),
+        ));
+    }
+    let server = ScriptedServer::steps(steps).await;
+    let started = std::time::Instant::now();
+    let turn = say(
+        &client(
+            &server.url,
+            Duration::from_millis(800),
+            RetryPolicy::default(),
+            true,
+        ),
+        "Hi",
+    )
+    .await;
+    let message = fault(&turn, FaultCategory::Timeout);
+    assert!(message.contains("the stream stalled"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the stall took {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_stall_mid_stream_is_an_idle_timeout_never_retried() {
     let mut steps = opening("Thinking about it");

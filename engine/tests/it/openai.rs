@@ -409,6 +409,79 @@ async fn streamed_answers_are_assembled_with_their_time_to_first_token() {
     assert_eq!(cut.messages[0].content.as_deref(), Some("half"));
 }
 
+/// A stuck model server that streams content-free chunks (`{"delta":{}}`, each with its own
+/// `obfuscation` padding, as OpenAI pads them) moves nothing: the turn stalls out after the
+/// idle timeout, rather than streaming until the size bound.
+#[tokio::test]
+async fn content_free_chunks_do_not_keep_a_stream_alive() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            request.extend_from_slice(&buf[..n]);
+        }
+        let mut out = String::from(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+        );
+        out.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n");
+        if socket.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+        for i in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let chunk = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{}}}}],\"obfuscation\":\"{i:x}\"}}\n\n"
+            );
+            if socket.write_all(chunk.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = OpenAiClient::new(
+        &url,
+        Vec::new(),
+        CallLimits {
+            timeout: Duration::from_millis(800),
+            max_response_size: 1 << 20,
+        },
+        RetryPolicy::default(),
+        HttpTransport::new(),
+        OpenAiOptions {
+            chat: ChatOptions {
+                api: ProviderKind::OpenAi,
+                max_tokens: Default::default(),
+                temperature: Default::default(),
+                server_slots: Default::default(),
+                provider: Default::default(),
+                model: "m".into(),
+                system_prompt: None,
+                tools: Vec::new(),
+                stream: true,
+            },
+            max_tool_rounds: 4,
+        },
+    )
+    .unwrap();
+    let spec = spec();
+    let mut session = client.open(&conversation(&spec));
+    let started = std::time::Instant::now();
+    let turn = session.turn(TurnInput::User("hi"), &CTX).await;
+    let fault = turn.fault.expect("a stuck stream is a fault");
+    assert_eq!(fault.category, FaultCategory::Timeout, "{fault:?}");
+    assert!(fault.message.contains("the stream stalled"), "{fault:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the stall took {:?}",
+        started.elapsed()
+    );
+    server.abort();
+}
+
 #[tokio::test]
 async fn a_fork_continues_from_a_copy_of_the_history_and_sandbox() {
     let fake = FakeLlm::always("ok").await;
