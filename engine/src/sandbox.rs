@@ -42,8 +42,9 @@
 //! - **Policies** are checked before anything runs; a breach is not executed, consumes no
 //!   sequence output and changes no state. A `max_limit` breach is a number strictly greater
 //!   than the limit (the harness's `>`); a numeric string (`"100"`) is read as its number,
-//!   and so is money as people write it (`"$100"`, `"1,000.50"`, `"75 €"`); an absent or
-//!   non-numeric parameter breaches no maximum (nothing to compare).
+//!   and so is money as people write it (`"$100"`, `"1,000.50"`, `"75 €"`, `"100 USD"`,
+//!   `"1.000,00 €"`); an absent or `null` parameter breaches no maximum, and any other value
+//!   that reads as no number breaches it (it cannot be checked, so it is not let through).
 //! - **State changes** (`[{path, value}]`) are applied after a call executes, tool-level ones
 //!   first, then the matched output's. A path is dotted (`account.balance`, as scenario files
 //!   write them) or a JSON pointer (`/account/balance`); missing objects on the way are
@@ -227,8 +228,17 @@ impl Policy {
     fn breach(&self, params: &Value) -> Option<String> {
         match self {
             Policy::Maximum { param, limit } => {
-                let value = params.get(param)?;
-                let number = amount_value(value)?;
+                let value = params.get(param).filter(|v| !v.is_null())?;
+                // A value the limit cannot be checked against is refused, not let through: a
+                // refund of \"100 USD\" read as no number went past a limit of 50.
+                let Some(number) = amount_value(value) else {
+                    return Some(format!(
+                        "{} {} cannot be checked against the limit of {}: it is not a number",
+                        capitalized(param),
+                        python_str(value),
+                        python_float(*limit)
+                    ));
+                };
                 (number > *limit).then(|| {
                     format!(
                         "{} {} exceeds limit of {}",
@@ -555,47 +565,90 @@ fn numeric_value(value: &Value) -> Option<f64> {
     }
 }
 
-/// [`numeric_value`], or an amount written as people write money: a currency sign before
-/// or after it (`$100`, `100 €`) and thousands grouped by commas (`1,000.50`). A guardrail a
-/// currency-formatted amount slipped past would hold for nothing; anything else still reads
-/// as no number ("1,5" included: a decimal comma is not told from a list).
+/// [`numeric_value`], or an amount written as people write money: a currency before or
+/// after it, as a sign (`$100`, `100 €`, `US$100`, `C$ 20`) or a code (`100 USD`, `EUR
+/// 75.50`); thousands grouped by commas (`1,000.50`), or by points with a decimal comma
+/// (`1.000,00 €`); a decimal comma alone with one or two digits after it (`100,50`). `None`
+/// for anything else, which a maximum refuses rather than lets through ([`Policy::breach`]).
 fn amount_value(value: &Value) -> Option<f64> {
     if let Some(number) = numeric_value(value) {
         return Some(number);
     }
     let text = value.as_str()?.trim();
-    let signs: &[char] = &['$', '€', '£', '¥', '₹'];
     let (negative, text) = match text.strip_prefix('-') {
         Some(rest) => (true, rest.trim_start()),
         None => (false, text),
     };
-    let bare = text
-        .strip_prefix(signs)
-        .map(str::trim_start)
-        .or_else(|| text.strip_suffix(signs).map(str::trim_end))
-        .unwrap_or(text);
-    let (whole, fraction) = match bare.split_once('.') {
-        Some((whole, fraction)) => (whole, Some(fraction)),
-        None => (bare, None),
-    };
-    let mut groups = whole.split(',');
-    let first = groups.next()?;
-    let grouped_well = !whole.contains(',')
-        || ((1..=3).contains(&first.len())
-            && groups.all(|g| g.len() == 3 && g.bytes().all(|b| b.is_ascii_digit())));
-    if !grouped_well || fraction.is_some_and(|f| f.is_empty() || f.contains(',')) {
-        return None;
-    }
-    let digits: String = whole.chars().filter(|&c| c != ',').collect();
-    let number = match fraction {
-        Some(fraction) => format!("{digits}.{fraction}"),
-        None => digits,
-    };
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return None;
-    }
-    let number = number.parse::<f64>().ok().filter(|n| n.is_finite())?;
+    let bare = without_currency(text)?;
+    let number = grouped_number(bare)?;
     Some(if negative { -number } else { number })
+}
+
+/// `text` without the currency written before or after it (at most one), or `text` itself.
+/// `None` when what is left around the number is not a currency.
+fn without_currency(text: &str) -> Option<&str> {
+    const SIGNS: &[char] = &['$', '€', '£', '¥', '₹', '₩', '₽', '₺', '₪', '₫', '฿', '₱'];
+    // `US$`, `C$`, `CA$`, `R$`: a sign after up to three letters.
+    let sign_with_letters = |word: &str| {
+        let letters = word.trim_end_matches(SIGNS);
+        letters.len() < word.len()
+            && letters.len() <= 3
+            && letters.bytes().all(|b| b.is_ascii_alphabetic())
+    };
+    // `USD`, `eur`: a three-letter code.
+    let code = |word: &str| word.len() == 3 && word.bytes().all(|b| b.is_ascii_alphabetic());
+    let is_currency = |word: &str| !word.is_empty() && (sign_with_letters(word) || code(word));
+    let starts_number = |c: char| c.is_ascii_digit();
+    if text.starts_with(starts_number) {
+        let end = text
+            .rfind(|c: char| c.is_ascii_digit())
+            .map_or(0, |at| at + 1);
+        let (number, rest) = text.split_at(end);
+        let rest = rest.trim_start();
+        return (rest.is_empty() || is_currency(rest)).then_some(number);
+    }
+    let start = text.find(starts_number)?;
+    let (currency, number) = text.split_at(start);
+    is_currency(currency.trim_end()).then_some(number)
+}
+
+/// Digits with their thousands grouped by commas and a decimal point, or grouped by points
+/// with a decimal comma; a lone decimal comma takes one or two digits after it (three would
+/// be a group: `1,500` is fifteen hundred).
+fn grouped_number(text: &str) -> Option<f64> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let grouped = |whole: &str, by: char| {
+        let mut groups = whole.split(by);
+        let first = groups.next().unwrap_or_default();
+        (1..=3).contains(&first.len()) && digits(first) && groups.all(|g| g.len() == 3 && digits(g))
+    };
+    let last_point = text.rfind('.');
+    let last_comma = text.rfind(',');
+    let (whole, fraction, group) = match (last_point, last_comma) {
+        // `1,000.50`, `1000.5`
+        (Some(p), c) if c.is_none_or(|c| c < p) => (&text[..p], Some(&text[p + 1..]), ','),
+        // `1.000,50`, `100,50`
+        (p, Some(c)) if p.is_none_or(|p| p < c) => {
+            let fraction = &text[c + 1..];
+            if p.is_none() && !(1..=2).contains(&fraction.len()) {
+                // `1,000` or `12,345,678`: commas that group, no fraction.
+                (text, None, ',')
+            } else {
+                (&text[..c], Some(fraction), '.')
+            }
+        }
+        _ => (text, None, ','),
+    };
+    let plain = digits(whole);
+    if !(plain || grouped(whole, group)) || fraction.is_some_and(|f| !digits(f)) {
+        return None;
+    }
+    let mut number: String = whole.chars().filter(|&c| c != group).collect();
+    if let Some(fraction) = fraction {
+        number.push('.');
+        number.push_str(fraction);
+    }
+    number.parse::<f64>().ok().filter(|n| n.is_finite())
 }
 
 fn capitalized(text: &str) -> String {
@@ -1558,7 +1611,7 @@ mod tests {
     }
 
     #[test]
-    fn max_limit_reads_numeric_strings_and_ignores_what_it_cannot_compare() {
+    fn max_limit_reads_money_and_refuses_what_it_cannot_compare() {
         let mut sandbox = sandbox(vec![("apply_refund", refund_tool(50.0))]);
         assert_eq!(
             sandbox.call("apply_refund", &json!({"amount": "100.50"})),
@@ -1572,37 +1625,62 @@ mod tests {
             sandbox.call("apply_refund", &json!({"amount": 1e300})),
             ToolOutcome::Violation("Amount 1e+300 exceeds limit of 50.0".into())
         );
-        // Money as people write it is read as its amount.
-        for (amount, shown) in [
-            ("$100", "$100"),
-            ("1,000", "1,000"),
-            ("€ 1,250.50", "€ 1,250.50"),
-            ("75£", "75£"),
+        // Money as people (and models) write it is read as its amount.
+        for amount in [
+            "$100",
+            "1,000",
+            "€ 1,250.50",
+            "75£",
+            "100 USD",
+            "USD 100",
+            "US$100",
+            "C$ 75",
+            "100.00 EUR",
+            "1.000,00 €",
+            "100,50",
+            "12,345,678",
+            "eur 60",
         ] {
             assert_eq!(
                 sandbox.call("apply_refund", &json!({ "amount": amount })),
-                ToolOutcome::Violation(format!("Amount {shown} exceeds limit of 50.0")),
+                ToolOutcome::Violation(format!("Amount {amount} exceeds limit of 50.0")),
                 "{amount}"
             );
         }
-        assert!(matches!(
-            sandbox.call("apply_refund", &json!({"amount": "$40"})),
-            ToolOutcome::Executed(_)
-        ));
-        for params in [
-            json!({}),
-            json!({"amount": "lots"}),
-            json!({"amount": "$"}),
-            json!({"amount": "1,5"}),
-            json!({"amount": "12,34,567"}),
-            json!({"amount": "$1e9"}),
-            json!({"amount": "$ -"}),
-            json!({"amount": "NaN"}),
-            json!({"amount": null}),
-            json!({"amount": [100]}),
-            json!([{"amount": 100}]),
-            json!("amount"),
+        for amount in ["$40", "40 USD", "49,99 €", "EUR 12.5", "1,5"] {
+            assert!(
+                matches!(
+                    sandbox.call("apply_refund", &json!({ "amount": amount })),
+                    ToolOutcome::Executed(_)
+                ),
+                "{amount}"
+            );
+        }
+        // What cannot be compared with the limit is refused, never let through unchecked.
+        for amount in [
+            json!("lots"),
+            json!("$"),
+            json!("12,34,567"),
+            json!("$1e9"),
+            json!("$ -"),
+            json!("NaN"),
+            json!("100 dollars"),
+            json!("1.000.000"),
+            json!([100]),
+            json!(true),
         ] {
+            let ToolOutcome::Violation(text) =
+                sandbox.call("apply_refund", &json!({ "amount": amount }))
+            else {
+                panic!("{amount} went through");
+            };
+            assert!(
+                text.ends_with("cannot be checked against the limit of 50.0: it is not a number"),
+                "{text}"
+            );
+        }
+        // Without the parameter there is nothing to check.
+        for params in [json!({}), json!({"amount": null}), json!("amount")] {
             assert!(
                 matches!(
                     sandbox.call("apply_refund", &params),
