@@ -650,8 +650,8 @@ pub fn compare(
         |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| CriterionChange {
             rate: {
                 let mut rate = judge_rate(
-                    b.map(|c| tally(c.passed, c.passed + c.failed)),
-                    h.map(|c| tally(c.passed, c.passed + c.failed)),
+                    b.map(|c| tally(c.passed, c.ran())),
+                    h.map(|c| tally(c.passed, c.ran())),
                     &thresholds,
                 );
                 skipped_in_head(&suite, &scenario, &agent, &mut rate);
@@ -964,7 +964,7 @@ fn unreached_on_their_turns(
     let same_check = |a: &CriterionKey, b: &CriterionKey| {
         a.0 == b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3 && a.5 == b.5
     };
-    let never_ran = |c: &crate::stats::CriterionStats| c.passed + c.failed == 0;
+    let never_ran = |c: &crate::stats::CriterionStats| c.ran() == 0;
     let mut adopted = vec![false; entries.len()];
     for i in 0..entries.len() {
         let (key, (base, head)) = &entries[i];
@@ -1735,6 +1735,7 @@ mod tests {
             kind: kind.into(),
             passed,
             failed: 0,
+            errors: 0,
             skipped,
             first_failure: None,
         };
@@ -1783,6 +1784,7 @@ mod tests {
                 kind: trellis_records::FIDELITY_KIND.into(),
                 passed,
                 failed,
+                errors: 0,
                 skipped: 0,
                 first_failure: None,
             }];

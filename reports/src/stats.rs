@@ -441,16 +441,27 @@ pub struct CriterionStats {
     pub kind: String,
     pub passed: u64,
     pub failed: u64,
+    /// Evaluations that could not decide (a judge that was down, answered garbage or had
+    /// no key): never passed, counted against the pass rate, and not counted `failed`, as
+    /// `criteria.parquet` says `error`. Absent from summaries written before it was split
+    /// from `failed`.
+    #[serde(default)]
+    pub errors: u64,
     pub skipped: u64,
-    /// The first failure's detail, to say why.
+    /// The first failure's (or error's) detail, to say why.
     pub first_failure: Option<String>,
 }
 
 impl CriterionStats {
-    /// Passed over the evaluations that ran.
+    /// Passed over the evaluations that ran (errors count as not passing).
     pub fn pass_rate(&self) -> Option<f64> {
-        let ran = self.passed + self.failed;
+        let ran = self.ran();
         (ran > 0).then(|| self.passed as f64 / ran as f64)
+    }
+
+    /// Evaluations that ran: passed, failed or ended in an error.
+    pub fn ran(&self) -> u64 {
+        self.passed + self.failed + self.errors
     }
 }
 
@@ -847,6 +858,7 @@ struct CriterionAcc {
     kind: String,
     passed: u64,
     failed: u64,
+    errors: u64,
     skipped: u64,
     first_failure: Option<String>,
 }
@@ -1034,16 +1046,21 @@ impl StatsBuilder {
                     kind: c.kind.clone(),
                     passed: 0,
                     failed: 0,
+                    errors: 0,
                     skipped: 0,
                     first_failure: None,
                 });
             match c.status {
                 CriterionStatus::Passed => acc.passed += 1,
                 CriterionStatus::Skipped => acc.skipped += 1,
-                // An evaluator that failed (a judge's garbage) never passes: counted with
-                // the failures, its detail says why.
+                // An evaluator that failed (a judge's garbage) never passes: counted apart
+                // from the failures, its detail said when no failure came first.
                 CriterionStatus::Failed | CriterionStatus::Error => {
-                    acc.failed += 1;
+                    if c.status == CriterionStatus::Failed {
+                        acc.failed += 1;
+                    } else {
+                        acc.errors += 1;
+                    }
                     if acc.first_failure.is_none() {
                         acc.first_failure.clone_from(&c.detail);
                     }
@@ -1292,6 +1309,7 @@ impl StatsBuilder {
                         kind: acc.kind,
                         passed: acc.passed,
                         failed: acc.failed,
+                        errors: acc.errors,
                         skipped: acc.skipped,
                         first_failure: acc.first_failure,
                     }
@@ -1696,6 +1714,39 @@ mod tests {
         let mut b = StatsBuilder::default();
         b.push(&invalid);
         assert_eq!(b.finish().aggregates.mean_score, None);
+    }
+
+    /// A check that could not decide (its judge down) is counted as an error, apart from
+    /// the failures, as `criteria.parquet` says; it still counts against the pass rate.
+    #[test]
+    fn a_check_that_erred_is_counted_apart_from_the_failures() {
+        let mut b = StatsBuilder::default();
+        for (rep, status, detail) in [
+            (0, CriterionStatus::Error, "judge unavailable: HTTP 500"),
+            (1, CriterionStatus::Failed, "said no"),
+            (2, CriterionStatus::Passed, ""),
+        ] {
+            let mut entry = trajectory(rep, "main", &["start"], None);
+            if let JournalEntry::Trajectory(t) = &mut entry {
+                t.criteria[0].status = status;
+                t.criteria[0].detail = Some(detail.to_owned());
+            }
+            b.push(&entry);
+        }
+        let stats = b.finish();
+        let c = &stats.criteria[0];
+        assert_eq!((c.passed, c.failed, c.errors, c.skipped), (1, 1, 1, 0));
+        assert_eq!(c.ran(), 3);
+        assert_eq!(
+            c.first_failure.as_deref(),
+            Some("judge unavailable: HTTP 500")
+        );
+        assert!((c.pass_rate().unwrap() - 1.0 / 3.0).abs() < 1e-9);
+        // A summary written before `errors` existed still reads.
+        let mut old = serde_json::to_value(c).unwrap();
+        old.as_object_mut().unwrap().remove("errors");
+        let read: CriterionStats = serde_json::from_value(old).unwrap();
+        assert_eq!(read.errors, 0);
     }
 
     #[test]

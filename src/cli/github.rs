@@ -392,12 +392,18 @@ fn gate_note(rate: &trellis_reports::compare::RateChange) -> Option<String> {
     }
 }
 
-/// The first failed check of a scenario and why, cut short.
+/// The first failed (or erred) check of a scenario and why, cut short.
 fn first_failure(stats: &RunStats, suite: &str, scenario: &str, agent: &str) -> Option<String> {
     let c = stats.criteria.iter().find(|c| {
-        c.failed > 0 && *c.suite == *suite && *c.scenario == *scenario && *c.agent == *agent
+        c.failed + c.errors > 0
+            && *c.suite == *suite
+            && *c.scenario == *scenario
+            && *c.agent == *agent
     })?;
-    let why = c.first_failure.as_deref().unwrap_or("failed");
+    let why = c
+        .first_failure
+        .as_deref()
+        .unwrap_or(if c.failed > 0 { "failed" } else { "error" });
     Some(cut_short(&format!("{}: {why}", c.criterion)))
 }
 
