@@ -803,8 +803,17 @@ struct ScenarioAcc {
     not_passed: Repetitions,
     /// The (non-replayed) turns' latencies; the run's are all of these.
     latencies: Vec<f64>,
-    skip_reason: Option<String>,
-    first_fault: Option<String>,
+    /// Each with the trajectory it came from, `(repetition, trajectory)`: the least is kept,
+    /// so the value does not depend on which trajectory finished first.
+    skip_reason: Option<((u32, String), String)>,
+    first_fault: Option<((u32, String), String)>,
+}
+
+/// `slot` holds `value` from `at` when it was empty or held a value from a later place.
+fn keep_first<K: Ord>(slot: &mut Option<(K, String)>, at: K, value: impl FnOnce() -> String) {
+    if slot.as_ref().is_none_or(|(held, _)| at < *held) {
+        *slot = Some((at, value()));
+    }
 }
 
 #[derive(Default)]
@@ -860,7 +869,8 @@ struct CriterionAcc {
     failed: u64,
     errors: u64,
     skipped: u64,
-    first_failure: Option<String>,
+    /// The detail of the failure (or error) of the lowest repetition, with it.
+    first_failure: Option<(u32, String)>,
 }
 
 /// Accumulates [`RunStats`] from journal entries, in any order a run produces them (a
@@ -1001,13 +1011,14 @@ impl StatsBuilder {
             .entry((suite.clone(), scenario_name.clone(), agent.clone()))
             .or_default();
         scenario.counts.add(t.status);
-        if t.status == TrajectoryStatus::Skipped && scenario.skip_reason.is_none() {
-            scenario.skip_reason.clone_from(&t.skip_reason);
+        let at = || (t.repetition, t.trajectory.clone());
+        if let (TrajectoryStatus::Skipped, Some(reason)) = (t.status, &t.skip_reason) {
+            keep_first(&mut scenario.skip_reason, at(), || reason.clone());
         }
-        if let (TrajectoryStatus::Error, Some(f), None) =
-            (t.status, &t.fault, &scenario.first_fault)
-        {
-            scenario.first_fault = Some(format!("{}: {}", f.category.as_str(), f.message));
+        if let (TrajectoryStatus::Error, Some(f)) = (t.status, &t.fault) {
+            keep_first(&mut scenario.first_fault, at(), || {
+                format!("{}: {}", f.category.as_str(), f.message)
+            });
         }
         scenario.repetitions.insert(t.repetition);
         if t.status.ran() {
@@ -1061,8 +1072,8 @@ impl StatsBuilder {
                     } else {
                         acc.errors += 1;
                     }
-                    if acc.first_failure.is_none() {
-                        acc.first_failure.clone_from(&c.detail);
+                    if let Some(detail) = &c.detail {
+                        keep_first(&mut acc.first_failure, t.repetition, || detail.clone());
                     }
                 }
             }
@@ -1212,8 +1223,8 @@ impl StatsBuilder {
                     counts: acc.counts,
                     repeats: repeats(ran, passed, skipped),
                     latency: Latency::of(acc.latencies),
-                    skip_reason: acc.skip_reason,
-                    first_fault: acc.first_fault,
+                    skip_reason: acc.skip_reason.map(|(_, reason)| reason),
+                    first_fault: acc.first_fault.map(|(_, fault)| fault),
                 }
             })
             .collect();
@@ -1311,7 +1322,7 @@ impl StatsBuilder {
                         failed: acc.failed,
                         errors: acc.errors,
                         skipped: acc.skipped,
-                        first_failure: acc.first_failure,
+                        first_failure: acc.first_failure.map(|(_, detail)| detail),
                     }
                 },
             )
@@ -1747,6 +1758,51 @@ mod tests {
         old.as_object_mut().unwrap().remove("errors");
         let read: CriterionStats = serde_json::from_value(old).unwrap();
         assert_eq!(read.errors, 0);
+    }
+
+    /// What a scenario's first fault, skip reason and a check's first failure say does not
+    /// depend on which trajectory finished first: the least `(repetition, trajectory)` wins.
+    #[test]
+    fn the_first_fault_is_the_same_whatever_order_trajectories_finish_in() {
+        let ended = |rep: u32, name: &str, status: TrajectoryStatus, why: &str| {
+            let mut entry = trajectory(rep, name, &["start"], Some(1));
+            if let JournalEntry::Trajectory(t) = &mut entry {
+                t.status = status;
+                match status {
+                    TrajectoryStatus::Skipped => t.skip_reason = Some(why.to_owned()),
+                    _ => {
+                        t.fault = Some(trellis_records::Fault::new(
+                            trellis_records::FaultCategory::Transport,
+                            why,
+                        ))
+                    }
+                }
+                t.criteria[0].detail = Some(format!("{why} detail"));
+            }
+            entry
+        };
+        let entries = [
+            ended(0, "second", TrajectoryStatus::Error, "second broke"),
+            ended(0, "first", TrajectoryStatus::Error, "first broke"),
+            ended(1, "first", TrajectoryStatus::Skipped, "later skip"),
+            ended(0, "third", TrajectoryStatus::Skipped, "third skipped"),
+        ];
+        let stats = |order: &[usize]| {
+            let mut b = StatsBuilder::default();
+            for &i in order {
+                b.push(&entries[i]);
+            }
+            b.finish()
+        };
+        let forward = stats(&[0, 1, 2, 3]);
+        assert_eq!(forward, stats(&[3, 2, 1, 0]));
+        assert_eq!(forward, stats(&[2, 0, 3, 1]));
+        let scenario = &forward.scenarios[0];
+        assert_eq!(
+            scenario.first_fault.as_deref(),
+            Some("transport: first broke")
+        );
+        assert_eq!(scenario.skip_reason.as_deref(), Some("third skipped"));
     }
 
     #[test]
