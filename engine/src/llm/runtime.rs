@@ -79,6 +79,22 @@ struct Resolved<'a> {
     threshold: Option<f64>,
 }
 
+/// A judge that cannot be asked (its provider has no key, or no such judge), with what is
+/// known of it: a check it leaves unjudged still records which judge, rubric and threshold
+/// it was to be judged by.
+struct Unresolved<'a> {
+    name: String,
+    rubric: Option<&'a str>,
+    threshold: Option<f64>,
+    reason: String,
+}
+
+impl std::fmt::Display for Unresolved<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 /// One criterion to judge, with where it sits.
 pub struct JudgeTask<'a, T> {
     pub criterion_text: &'a str,
@@ -184,7 +200,7 @@ impl LlmRuntime {
         )
     }
 
-    fn resolve(&self, named: Option<&str>) -> Option<Result<Resolved<'_>, String>> {
+    fn resolve(&self, named: Option<&str>) -> Option<Result<Resolved<'_>, Unresolved<'_>>> {
         let judge = match named {
             Some(id) => self.setup.judges.iter().find(|j| j.id.value == id),
             None => self.setup.judges.first(),
@@ -199,10 +215,13 @@ impl LlmRuntime {
                 j.threshold,
             ),
             None if named.is_some() => {
-                return Some(Err(format!(
-                    "judge `{}` is not defined",
-                    named.unwrap_or("")
-                )));
+                let name = named.unwrap_or("").to_owned();
+                return Some(Err(Unresolved {
+                    reason: format!("judge `{name}` is not defined"),
+                    name,
+                    rubric: None,
+                    threshold: None,
+                }));
             }
             None => match self.setup.providers.as_slice() {
                 [only] => (
@@ -225,15 +244,21 @@ impl LlmRuntime {
                 rubric,
                 threshold,
             }),
-            Some(Err(e)) => Err(e.clone()),
-            None => Err(format!("provider `{provider_id}` is not defined")),
+            Some(Err(e)) => Err(Unresolved {
+                name,
+                rubric,
+                threshold,
+                reason: e.clone(),
+            }),
+            None => Err(Unresolved {
+                name,
+                rubric,
+                threshold,
+                reason: format!("provider `{provider_id}` is not defined"),
+            }),
         })
     }
 
-    /// Judges one `judge`/`outcome` criterion (or a scenario-level outcome) into its record:
-    /// passed or failed on the judge's score, `skipped` without a judge, `error` when the
-    /// judge failed or answered garbage. A criterion naming a panel is judged by each of its
-    /// judges at once and decided by the panel's consensus rule.
     /// Whether a check of `kind` would ask a judge at all: `false` for a judged check with
     /// no judge configured (it is skipped as [`NO_JUDGE`] at once, with no call to abandon)
     /// and for a check that is not LLM-judged.
@@ -247,6 +272,10 @@ impl LlmRuntime {
             || self.resolve(named).is_some()
     }
 
+    /// Judges one `judge`/`outcome` criterion (or a scenario-level outcome) into its record:
+    /// passed or failed on the judge's score, `skipped` without a judge, `error` when the
+    /// judge failed or answered garbage. A criterion naming a panel is judged by each of its
+    /// judges at once and decided by the panel's consensus rule.
     pub async fn judge<T: AsRef<TurnRecord>>(&self, task: JudgeTask<'_, T>) -> CriterionRecord {
         let mut record = CriterionRecord {
             turn_index: task.turn_index,
@@ -310,11 +339,36 @@ impl LlmRuntime {
         question: &QuestionSpec<'_>,
         task: &JudgeTask<'_, T>,
     ) -> (CriterionStatus, String, Option<JudgeVerdict>) {
+        // The rubric and threshold the check is judged by: its own, else the scenario's
+        // override (the rubric), else the judge's, else the rubric's default threshold.
+        let judged_by = |judge_rubric: Option<&str>, judge_threshold: Option<f64>| {
+            let rubric = match task.kind {
+                CriterionKind::Outcome(_) => Rubric::Outcome,
+                _ => Rubric::from_setting(
+                    question
+                        .rubric
+                        .or(task
+                            .scenario
+                            .criteria_override
+                            .as_ref()
+                            .map(|s| s.value.as_str()))
+                        .or(judge_rubric),
+                ),
+            };
+            let threshold = question
+                .threshold
+                .or(judge_threshold)
+                .unwrap_or_else(|| rubric.default_threshold());
+            (rubric, threshold)
+        };
         let resolved = match self.resolve(named) {
             None => return (CriterionStatus::Skipped, NO_JUDGE.to_owned(), None),
             Some(Err(e)) => {
+                let (rubric, threshold) = judged_by(e.rubric, e.threshold);
                 let verdict = JudgeVerdict {
-                    judge: named.unwrap_or_default().to_owned(),
+                    judge: e.name.clone(),
+                    rubric: rubric.name().to_owned(),
+                    threshold,
                     error_category: Some(SETUP.to_owned()),
                     ..JudgeVerdict::default()
                 };
@@ -326,23 +380,7 @@ impl LlmRuntime {
             }
             Some(Ok(r)) => r,
         };
-        let rubric = match task.kind {
-            CriterionKind::Outcome(_) => Rubric::Outcome,
-            _ => Rubric::from_setting(
-                question
-                    .rubric
-                    .or(task
-                        .scenario
-                        .criteria_override
-                        .as_ref()
-                        .map(|s| s.value.as_str()))
-                    .or(resolved.rubric),
-            ),
-        };
-        let threshold = question
-            .threshold
-            .or(resolved.threshold)
-            .unwrap_or_else(|| rubric.default_threshold());
+        let (rubric, threshold) = judged_by(resolved.rubric, resolved.threshold);
         let ctx = self.context(task.scenario, task.expected_tools.clone());
         let asked = Question {
             criterion: question.text,

@@ -182,6 +182,40 @@ async fn a_judge_that_fails_or_answers_garbage_makes_the_check_an_error_never_a_
     assert_eq!(run.summary.errors, 1);
 }
 
+/// A judge that cannot be asked (its provider's key is not set) leaves the check an
+/// error that still records which judge, rubric and threshold it was to be judged by,
+/// never an empty judge and a threshold of 0.
+#[tokio::test]
+async fn a_judge_without_its_key_records_who_would_have_judged() {
+    let fake = FakeLlm::start(judges()).await;
+    let checks =
+        "expect judge \"TURN-CHECK a\"\n    criteria { judge \"POLITE-CHECK b\" threshold=0.8; }";
+    let text = suite(&fake.base_url(), checks)
+        .replace(
+            "model=\"judge-model\"",
+            "model=\"judge-model\" api-key-env=\"TRELLIS_TEST_NO_SUCH_KEY\"",
+        )
+        .replace("threshold=0.7", "threshold=0.7 rubric=\"policy_adherence\"");
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    for (needle, threshold) in [("TURN-CHECK", 0.7), ("POLITE-CHECK", 0.8)] {
+        let c = criterion(&run, needle);
+        assert_eq!(c.status, CriterionStatus::Error, "{c:?}");
+        assert!(
+            c.detail
+                .as_deref()
+                .unwrap()
+                .starts_with("judge unavailable"),
+            "{c:?}"
+        );
+        let verdict = c.judge.as_ref().expect("the verdict says who");
+        assert_eq!(verdict.judge, "strict", "{c:?}");
+        assert_eq!(verdict.rubric, "policy_adherence", "{c:?}");
+        assert_eq!(verdict.threshold, threshold, "{c:?}");
+        assert_eq!(verdict.error_category.as_deref(), Some("setup"), "{c:?}");
+    }
+    assert!(fake.seen().is_empty(), "no judge was asked");
+}
+
 #[tokio::test]
 async fn a_replay_only_rerun_gives_the_same_records_with_zero_llm_calls() {
     let fake = FakeLlm::start(judges()).await;
