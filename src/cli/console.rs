@@ -1235,12 +1235,22 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
             wait,
             foreign,
             refused,
+            reached,
         } => {
             let first = told
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(agent.to_owned());
-            if first {
+            if first && reached {
+                // Its spans reach the receiver: the endpoint is right, this turn made none.
+                errln!(
+                    "a turn of agent `{agent}` got no span within {} of its answer \
+                     (--spans-wait), though its earlier turns' spans arrived: the agent made \
+                     none for that turn, or sent them later (its checks on spans see none; \
+                     raise --spans-wait if they come late)",
+                    humantime::format_duration(wait),
+                );
+            } else if first {
                 // Spans that arrive in traces of their own say the endpoint is right and
                 // the agent does not continue the `traceparent` it is sent.
                 let fix = if let Some((n, why)) = refused {

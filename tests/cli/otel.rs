@@ -465,6 +465,60 @@ async fn spans_that_arrive_after_the_wait_are_said_to_have_arrived() {
     drop(agent);
 }
 
+/// An agent whose spans reach the receiver, with a turn it traces nothing of: that turn is
+/// said to have none, not the agent to send none (its endpoint is right: no advice to
+/// point it elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_without_spans_of_an_agent_whose_spans_arrive_is_said_as_such() {
+    let receiver = free_port();
+    let agent = PythonAgent::start(receiver);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("quiet.kdl"),
+        format!(
+            r##"agent "weather" protocol="http" url="http://127.0.0.1:{}/chat" {{
+    spans #true
+    request #"{{"message": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.reply"
+}}
+scenario "s" {{
+    user "What is the weather in Paris?"
+    expect span "execute_tool get_time"
+    user "quiet please"
+    expect reply contains="Shh"
+}}
+"##,
+            agent.port
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("quiet.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-receiver")
+        .arg(format!("127.0.0.1:{receiver}"))
+        .args(["--spans-wait", "2s", "--spans-grace", "1s"])
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{}{err}", stdout(&o));
+    assert!(
+        err.contains(
+            "a turn of agent `weather` got no span within 2s of its answer (--spans-wait), \
+             though its earlier turns' spans arrived"
+        ),
+        "{err}"
+    );
+    assert!(
+        !err.contains("point its OTEL_EXPORTER_OTLP_ENDPOINT"),
+        "{err}"
+    );
+    drop(agent);
+}
+
 /// A stop signal during the end's wait for spans ends the wait at once: the run is reported
 /// with what it finished, not after the rest of `--spans-grace`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -278,6 +278,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         spans: receiver.as_ref().map(|r| r.store().clone()),
         spans_wait: options.telemetry.spans_wait,
         spans_notices: options.telemetry.notices.clone(),
+        agents_with_spans: Default::default(),
         spans_from_every_agent: options.telemetry.receiver_given,
         replay_users: options.replay_users.clone(),
     });
@@ -553,6 +554,9 @@ struct Shared {
     spans_from_every_agent: bool,
     /// `Telemetry::notices`.
     spans_notices: Option<crate::otel::SpansNotices>,
+    /// Agents a turn of which got its spans: a later turn of one that gets none is a turn
+    /// without spans, not an agent whose spans do not reach the receiver.
+    agents_with_spans: std::sync::Mutex<std::collections::HashSet<String>>,
     /// `--replay-users`: the recorded simulated users.
     replay_users: Option<Arc<UserReplay>>,
 }
@@ -570,6 +574,18 @@ impl Shared {
         if self.llm.meter().tripped().is_some() {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// Notes that a turn of `agent` got spans (`got`), and says whether one had so far.
+    fn agent_got_spans(&self, agent: &str, got: bool) -> bool {
+        let mut agents = self
+            .agents_with_spans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if got && !agents.contains(agent) {
+            agents.insert(agent.to_owned());
+        }
+        agents.contains(agent)
     }
 
     /// The run's stop cut some work off ([`Shared::cut_short`]).

@@ -255,6 +255,7 @@ impl Unit<'_> {
             if record.spans.is_empty() && stop.is_cancelled() {
                 shared.note_cut_short();
             }
+            let reached = shared.agent_got_spans(self.agent_id(), !record.spans.is_empty());
             // A wait of zero was asked for: nothing was waited out, nothing to explain.
             if record.spans.is_empty()
                 && !stop.is_cancelled()
@@ -267,6 +268,7 @@ impl Unit<'_> {
                     wait: shared.spans_wait,
                     foreign: store.foreign(),
                     refused: refused.as_ref().map(|(n, why)| (*n, why.as_str())),
+                    reached,
                 });
             }
             if let Some(kept) = &spans_for_reuse {

@@ -60,6 +60,9 @@ pub enum SpansNotice<'a> {
         /// Export requests the receiver refused so far, and the last one's reason: spans
         /// sent where they should go, in a form it cannot read.
         refused: Option<(u64, &'a str)>,
+        /// An earlier turn of the agent got its spans: they reach the receiver, and this
+        /// turn made none (or sent them late).
+        reached: bool,
     },
     /// The end of the run has waited a moment and goes on waiting, up to `grace`
     /// (`--spans-grace`), for the root spans of `turns` turns.

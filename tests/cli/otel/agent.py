@@ -8,6 +8,7 @@ processor (OTEL_BSP_SCHEDULE_DELAY decides how late they arrive).
 
 "weather in CITY" looks the city up, then fetches weather and time in parallel (two
 threads, overlapping spans); "refund ORDER" calls `refund`; anything else calls no tool.
+A message starting "quiet" is answered without any span.
 Prints its port on the first line of stdout.
 """
 
@@ -77,12 +78,17 @@ class Handler(BaseHTTPRequestHandler):
         # AGENT_NO_PROPAGATION=1: an agent that does not continue the caller's trace (its
         # spans arrive in traces of their own).
         parent = None if os.environ.get("AGENT_NO_PROPAGATION") else extract(dict(self.headers))
-        with tracer.start_as_current_span(
-            "invoke_agent weather-agent", context=parent, kind=trace.SpanKind.SERVER
-        ) as span:
-            span.set_attribute("gen_ai.operation.name", "invoke_agent")
-            span.set_attribute("gen_ai.agent.name", "weather-agent")
-            reply = answer(body.get("message", ""))
+        message = body.get("message", "")
+        if message.startswith("quiet"):
+            # A turn the agent traces nothing of (a cached answer, say).
+            reply = "Shh."
+        else:
+            with tracer.start_as_current_span(
+                "invoke_agent weather-agent", context=parent, kind=trace.SpanKind.SERVER
+            ) as span:
+                span.set_attribute("gen_ai.operation.name", "invoke_agent")
+                span.set_attribute("gen_ai.agent.name", "weather-agent")
+                reply = answer(message)
         data = json.dumps({"reply": reply}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
