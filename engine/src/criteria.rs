@@ -964,10 +964,11 @@ fn reply_check(
         )),
         ReplyCheck::NotContains(needle) => {
             let needle = value(needle);
+            let composed = crate::sandbox::nfc(&needle);
             replies
                 .iter()
                 .zip(turns)
-                .find(|(r, _)| r.contains(needle.as_str()))
+                .find(|(r, _)| crate::sandbox::nfc(r).contains(composed.as_ref()))
                 .map(|(r, t)| {
                     format!(
                         "turn {} reply contains {}: {}",
@@ -982,11 +983,20 @@ fn reply_check(
 
 /// Whether `reply` holds a check that a reply can hold by itself (`contains`, `matches`,
 /// `equals`, with its rendered `value`); `None` for the others.
+///
+/// Text is compared in Unicode NFC ([`crate::sandbox::nfc`]): a reply that reads the same
+/// as the check holds it, whichever way its accents were composed.
 fn holds(check: &ReplyCheck, value: Option<&str>, reply: &str) -> Option<bool> {
+    let reply = crate::sandbox::nfc(reply);
+    let reply = reply.as_ref();
     match check {
-        ReplyCheck::Contains(needle) => Some(reply.contains(value.unwrap_or(needle))),
+        ReplyCheck::Contains(needle) => {
+            Some(reply.contains(crate::sandbox::nfc(value.unwrap_or(needle)).as_ref()))
+        }
         ReplyCheck::Matches(re) => Some(re.is_match(reply)),
-        ReplyCheck::Equals(expected) => Some(reply == value.unwrap_or(expected)),
+        ReplyCheck::Equals(expected) => {
+            Some(reply == crate::sandbox::nfc(value.unwrap_or(expected)).as_ref())
+        }
         ReplyCheck::NotContains(_) | ReplyCheck::JsonPath { .. } => None,
     }
 }
@@ -1418,6 +1428,42 @@ mod tests {
             check(&c, Scope::Trajectory, &turns, None).status,
             CriterionStatus::Failed
         );
+    }
+
+    /// A reply that reads the same as the check holds it, whichever way its accents are
+    /// composed: `Montréal` precomposed in the suite, with a combining accent in the reply
+    /// (and the other way round).
+    #[test]
+    fn text_is_compared_as_it_reads_whatever_its_composition() {
+        let composed = "Montr\u{e9}al";
+        let decomposed = "Montre\u{301}al";
+        for (written, said) in [(composed, decomposed), (decomposed, composed)] {
+            let turns = [turn(0, &format!("Booked in {said}."), &[])];
+            for check_of in [
+                ReplyCheck::Contains(written.into()),
+                ReplyCheck::Equals(format!("Booked in {written}.")),
+            ] {
+                let c = crit(CriterionKind::Reply(vec![check_of]));
+                assert_eq!(
+                    check(&c, Scope::Turn, &turns, Some(0)).status,
+                    CriterionStatus::Passed,
+                    "{written:?} in {said:?}"
+                );
+            }
+            let c = crit(CriterionKind::Reply(vec![ReplyCheck::NotContains(
+                written.into(),
+            )]));
+            assert_eq!(
+                check(&c, Scope::Turn, &turns, Some(0)).status,
+                CriterionStatus::Failed
+            );
+        }
+        assert!(crate::sandbox::written_matches(
+            &Value::String(decomposed.into()),
+            &Value::String(composed.into()),
+            crate::sandbox::TextCase::Exact,
+            crate::sandbox::Written::Literal
+        ));
     }
 
     #[test]

@@ -1240,7 +1240,12 @@ pub enum TextCase {
 }
 
 impl TextCase {
+    /// Text compared in Unicode NFC: `Montréal` with a precomposed `é` (as a suite is
+    /// usually typed) and with `e` and a combining accent (as macOS and copied text often
+    /// give it) are one text, as they look.
     fn same(self, a: &str, b: &str) -> bool {
+        let (a, b) = (nfc(a), nfc(b));
+        let (a, b) = (a.as_ref(), b.as_ref());
         match self {
             TextCase::Exact => a == b,
             TextCase::Insensitive => a.to_lowercase() == b.to_lowercase(),
@@ -1262,6 +1267,15 @@ pub enum Written {
     /// equals a string holding it, or a number, boolean or null that reads as it (`"{{ vars.n }}"`
     /// rendering `2` matches `2` and `2.0`; `"\"2\""` does not).
     Rendered,
+}
+
+/// `text` in Unicode NFC, borrowed when it already is (ASCII always is).
+pub fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.is_ascii() {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        trellis_dsl::names::nfc(text)
+    }
 }
 
 /// The one rule for a value written in a suite against a value an agent sent, as `written`
