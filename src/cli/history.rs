@@ -283,8 +283,9 @@ fn list(dir: &Path, json: bool) -> u8 {
 }
 
 /// A run's `state` in `trellis runs`: pinned, unfinished, and how it was made when that
-/// is not one `trellis run` (a merge of shards, partial when shards were missing). A merge
-/// stopped while it wrote is unfinished like any run.
+/// is not one `trellis run` (a merge of shards, partial when shards were missing; a
+/// rejudge of another run's transcripts). A merge stopped while it wrote is unfinished
+/// like any run.
 fn state(run: &RunEntry) -> String {
     let merged = run.meta.as_ref().and_then(|m| m.merged.as_ref());
     let mut parts: Vec<String> = Vec::new();
@@ -295,6 +296,10 @@ fn state(run: &RunEntry) -> String {
     // broke character in 6 of 7 trajectories reads `100%` and nothing else.
     if let Some(invalid) = run.invalid.filter(|&n| n > 0) {
         parts.push(format!("{invalid} invalid"));
+    }
+    // The same transcripts judged again: not a run of the agent of its own.
+    if let Some(original) = run.meta.as_ref().and_then(|m| m.rejudged_from.as_ref()) {
+        parts.push(format!("rejudge of {original}"));
     }
     match merged {
         _ if !run.finished => parts.push("unfinished".to_owned()),

@@ -482,6 +482,22 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     let runs = read_parquet(&again.join("runs.parquet"));
     let original = strings(&read_parquet(&first.join("runs.parquet")), "run_id")[0].clone();
     assert_eq!(strings(&runs, "rejudged_from")[0], original);
+    // `trellis runs` says what it is: the same transcripts judged again, not a run.
+    let o = crate::trellis()
+        .args(["runs", "--dir"])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let listed = stdout(&o);
+    let line = listed
+        .lines()
+        .find(|l| l.contains("rejudge of"))
+        .unwrap_or_else(|| panic!("no rejudge state: {listed}"));
+    assert!(
+        line.contains(original.as_deref().unwrap_or_default()),
+        "{listed}"
+    );
     let t = read_parquet(&again.join("trajectories.parquet"));
     assert_eq!(strings(&t, "status")[0].as_deref(), Some("failed"));
     // The transcript is the recorded one: no agent was called.
