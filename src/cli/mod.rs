@@ -170,6 +170,7 @@ enum Command {
     ///
     /// Runs are listed oldest first. RUN is a run directory, a run id (or a unique prefix
     /// of one), a name, or `pinned`.
+    #[command(visible_alias = "history")]
     Runs(history::RunsArgs),
     /// Compare two runs: per run metric, scenario, branch and check; exit 1 on a regression.
     ///

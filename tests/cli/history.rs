@@ -1544,14 +1544,17 @@ async fn runs_json_lists_a_run_whose_directory_name_is_not_utf8() {
 #[tokio::test]
 async fn runs_in_a_missing_directory_is_an_empty_history() {
     let dir = tempfile::tempdir().unwrap();
-    let o = trellis()
-        .args(["runs", "--dir"])
-        .arg(dir.path().join("none"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).contains("no runs in"), "{}", stdout(&o));
+    // `history` is another name of `runs` (it was taken for `list`, the scenarios).
+    for command in ["runs", "history"] {
+        let o = trellis()
+            .args([command, "--dir"])
+            .arg(dir.path().join("none"))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{command}: {}", stderr(&o));
+        assert!(stdout(&o).contains("no runs in"), "{}", stdout(&o));
+    }
     let o = trellis()
         .args(["compare", "--dir"])
         .arg(dir.path().join("none"))
