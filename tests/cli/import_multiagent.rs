@@ -395,6 +395,45 @@ async fn a_judge_rubric_trellis_does_not_have_is_reported_not_sent_or_fatal() {
     assert_eq!(check(&out).await.status.code(), Some(0));
 }
 
+/// The judge is asked the file's own words: a `judge_rubric` written as a question (or an
+/// `expected` statement), not the metric's id, which means nothing to a judge.
+#[tokio::test]
+async fn a_judged_metric_asks_the_judge_the_files_question_not_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("q.json");
+    std::fs::write(
+        &file,
+        r#"{"aes_version": 1.4, "metadata": {"name": "Q", "id": "q-1"},
+ "workflow": {"nodes": [{"id": "a", "task_description": "refund A1",
+   "success_criteria": [
+     {"metric": "luna_judge_score", "threshold": 0.8,
+      "judge_config": {"judge_rubric": "Did the agent refund order A1 without exceeding policy?"}},
+     {"metric": "tone_score", "threshold": 0.6, "expected": "The agent apologises once",
+      "judge_config": {"judge_rubric": "Grade the tone from 0 to 1."}}]}],
+   "edges": []},
+ "evaluation": {}}"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out.kdl");
+    let o = import(&[file.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let suite = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        suite.contains(
+            "expect judge \"Did the agent refund order A1 without exceeding policy?\" threshold=0.8\n"
+        ),
+        "{suite}"
+    );
+    assert!(
+        suite.contains(
+            "expect judge \"The agent apologises once\" threshold=0.6 rubric=\"Grade the tone from 0 to 1.\""
+        ),
+        "{suite}"
+    );
+    assert!(!suite.contains("judge \"luna_judge_score\""), "{suite}");
+    assert_eq!(check(&out).await.status.code(), Some(0));
+}
+
 /// What the importer cannot carry over exactly is said, never weakened or dropped: a call
 /// named by its position (`0.tool_name`) is not `tool "X"` anywhere; a number among the
 /// keywords is looked for as its text; template syntax in a statement stays text.

@@ -1890,8 +1890,9 @@ fn keyword_match(
     Ok(Some(format!("reply {}", checks.join(" "))))
 }
 
-/// `{metric, threshold, judge_config?}` as `judge "METRIC" threshold=… rubric=…`, plus what
-/// of it was not written (the judge's provider and model: the DSL's judge nodes carry those).
+/// `{metric, threshold, judge_config?, expected?}` as `judge "STATEMENT" threshold=…
+/// rubric=…` (the statement: `expected`, else a `judge_rubric` written as a sentence, else
+/// the metric's name), plus what of it was not written (the judge's provider and model: the DSL's judge nodes carry those).
 fn judge_criterion(
     c: &Map<String, Value>,
     also_known: Option<&[&str]>,
@@ -1902,7 +1903,18 @@ fn judge_criterion(
         .filter(|m| !m.trim().is_empty())
         .ok_or("no `metric` name")?;
     let mut remarks = Vec::new();
-    let mut out = format!("judge {}", kdl_string(&literal_template(metric)));
+    // What the judge is asked: the file's own words when it has them (`expected`, or a
+    // `judge_rubric` written as a question rather than a rubric's name), else the metric's
+    // name. A metric id (`luna_judge_score`) alone means nothing to a judge.
+    fn sentence(v: Option<&Value>) -> Option<&str> {
+        v.and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|t| t.contains(char::is_whitespace))
+    }
+    let rubric_text = sentence(c.get("judge_config").and_then(|j| j.get("judge_rubric")));
+    let expected = sentence(c.get("expected"));
+    let statement = expected.or(rubric_text).unwrap_or(metric);
+    let mut out = format!("judge {}", kdl_string(&literal_template(statement)));
     match c.get("threshold") {
         None | Some(Value::Null) => {}
         Some(t) => {
@@ -1939,6 +1951,9 @@ fn judge_criterion(
         }
     }
     let mut known = vec!["metric", "threshold", "threshold_unit", "threshold_type"];
+    if expected.is_some() {
+        known.push("expected");
+    }
     known.extend(also_known.unwrap_or_default());
     if let Some(config) = c.get("judge_config") {
         known.push("judge_config");
@@ -1949,10 +1964,13 @@ fn judge_criterion(
                         // A rubric's text (sentences), or the name of one: a name trellis
                         // has is written; any other (a misspelt one, a plugin's) would reach
                         // the judge as the rubric's own text, or fail the suite's check.
+                        // The statement already, unless `expected` is: then the rubric.
                         ("judge_rubric", Value::String(rubric))
                             if rubric.trim().contains(char::is_whitespace) =>
                         {
-                            let _ = write!(out, " rubric={}", kdl_string(rubric.trim()));
+                            if expected.is_some() {
+                                let _ = write!(out, " rubric={}", kdl_string(rubric.trim()));
+                            }
                         }
                         // A name as the harness spells it: case and `-` aside.
                         ("judge_rubric", Value::String(rubric))
