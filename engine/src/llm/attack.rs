@@ -200,7 +200,7 @@ pub fn parse_score(text: &str) -> Result<(f64, Option<String>), String> {
             (
                 lines
                     .get("score")
-                    .and_then(|s| fraction(s.split_whitespace().next()?)),
+                    .and_then(|s| fraction(super::judge::line_number(s)?)),
                 lines.get("reason").cloned(),
             )
         }

@@ -733,7 +733,9 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 None => {
                     let lines = key_lines(text);
                     (
-                        lines.get("score").and_then(|s| s.parse::<f64>().ok()),
+                        lines
+                            .get("score")
+                            .and_then(|s| line_number(s)?.parse::<f64>().ok()),
                         lines.get("label").cloned(),
                         lines.get("justification").cloned(),
                     )
@@ -746,7 +748,7 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     score,
                     key_lines(text)
                         .get("score")
-                        .and_then(|s| s.parse::<f64>().ok()),
+                        .and_then(|s| line_number(s)?.parse::<f64>().ok()),
                 )
                 && said != line
             {
@@ -960,6 +962,18 @@ fn lines_disagree(text: &str, key: &str) -> bool {
         .is_some_and(|first| values.any(|v| v != first))
 }
 
+/// The number a `Score:` line's value starts with, as small models write it: `0.85`,
+/// `0.85.` (a sentence's period), `**0.85**`, `0.85 (good)`, `` `0.85` ``. `/` is kept in
+/// the token (`7/10`), so a score on another scale is not read as its numerator.
+pub(crate) fn line_number(value: &str) -> Option<&str> {
+    let s = value.trim().trim_start_matches(['*', '_', '`']);
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '/'))
+        .unwrap_or(s.len());
+    let token = s[..end].trim_end_matches('.');
+    (!token.is_empty()).then_some(token)
+}
+
 pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
     let mut out = std::collections::HashMap::new();
     let mut ambiguous = std::collections::HashSet::new();
@@ -988,6 +1002,35 @@ pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A score line as small models write it: a sentence's period, markdown, a remark.
+    /// A score on another scale is still no score from 0 to 1.
+    #[test]
+    fn score_lines_are_read_as_small_models_write_them() {
+        let generic = Rubric::from_setting(None);
+        for text in [
+            "Score: 0.85.\nJustification: fine",
+            "Score: **0.85**",
+            "**Score:** 0.85 (good)",
+            "Score: `0.85`",
+        ] {
+            let answer = parse_answer(&generic, text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!((answer.score - 0.85).abs() < 1e-9, "{text}");
+        }
+        for text in ["Score: 8/10", "Score: 85", "Score: high"] {
+            let e = parse_answer(&generic, text).unwrap_err();
+            assert!(e.0.contains("no score from 0 to 1"), "{text}: {e}");
+        }
+        assert_eq!(
+            crate::llm::attack::parse_score("Score: 0.9.\nReason: it gave the code")
+                .map(|(s, _)| s),
+            Ok(0.9)
+        );
+        assert_eq!(
+            crate::llm::attack::parse_score("Score: **7/10**").map(|(s, _)| s),
+            Ok(0.7)
+        );
+    }
 
     #[test]
     fn score_lines_that_disagree_are_said_to() {
