@@ -493,6 +493,7 @@ impl ReportWriter {
             skipped_lines,
             provenance: provenance(meta.as_ref()),
             compared_with: meta.as_ref().and_then(|m| m.compared_with.clone()),
+            watch_rerun: meta.as_ref().is_some_and(|m| m.watch_rerun.is_some()),
         };
         let summary_path = run_dir.join(SUMMARY_FILE);
         // The tables (polars' Parquet writer), summary.json, and the pages (JUnit, and the
@@ -622,12 +623,21 @@ struct Pages<'a> {
     provenance: Option<String>,
     /// The run `run --baseline` compared this one with, for the page to link `compare.html`.
     compared_with: Option<String>,
+    /// A `trellis watch` rerun ([`html::Page::watch_rerun`]).
+    watch_rerun: bool,
 }
 
 /// What a shard run, or a run merged from shards, is (`run.json`), said on its page: a
 /// shard's report reads like a whole run otherwise.
 fn provenance(meta: Option<&history::RunMeta>) -> Option<String> {
     let meta = meta?;
+    if let Some(rerun) = meta.watch_rerun {
+        return Some(format!(
+            "Rerun {rerun} of a trellis watch session: this report covers what the rerun reran \
+             and shows only the turns that called the agent; the session's whole state, reused \
+             turns included, is in latest/report.html beside this directory."
+        ));
+    }
     if let Some(shard) = &meta.shard {
         return Some(format!(
             "Shard {} of {} of a sharded run: this report covers only the scenarios the split \
@@ -737,6 +747,7 @@ impl Pages<'_> {
                 variance: variance.as_ref(),
                 provenance: self.provenance.as_deref(),
                 compared_with: self.compared_with.as_deref(),
+                watch_rerun: self.watch_rerun,
             },
         ) {
             not_written.push((html_path.to_path_buf(), e));

@@ -284,6 +284,17 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     );
     let report = std::fs::read_to_string(runs[1].join("report.html")).unwrap();
     assert!(!report.contains("the run stopped before it"), "{report}");
+    // The shared prefix it reused is said to be reused, not missing from a cut-off run; the
+    // page says what a rerun's report covers.
+    for run in [&runs[1], &runs[2]] {
+        let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+        assert!(!report.contains("the run may have stopped"), "{report}");
+        assert!(
+            report.contains("reused from an earlier rerun: its turns are in latest"),
+            "{report}"
+        );
+        assert!(report.contains("of a trellis watch session"), "{report}");
+    }
     let (trajectories, turns) = journal(&runs[2]);
     assert_eq!(
         trajectories,

@@ -62,6 +62,9 @@ pub(crate) struct Page<'a> {
     pub(crate) provenance: Option<&'a str>,
     /// The baseline run `compare.html`, next to the page, compares this one with.
     pub(crate) compared_with: Option<&'a str>,
+    /// A `trellis watch` rerun's directory (`run.json`'s `watch_rerun`): it records only
+    /// the turns that called the agent, so a node without a record was reused, not cut off.
+    pub(crate) watch_rerun: bool,
 }
 
 /// Writes the page as `path.partial` and moves it into place once complete.

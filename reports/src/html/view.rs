@@ -609,7 +609,8 @@ pub(crate) struct NodeBlock {
     /// Siblings past [`MAX_SIBLING_LINKS`], not listed.
     more_siblings: usize,
     turns: Vec<TurnView>,
-    missing: bool,
+    /// Why the node's turns are not shown, when its record is not in the journal.
+    missing: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -2346,7 +2347,16 @@ fn transcript(
             siblings,
             more_siblings,
             turns,
-            missing: slot.and_then(|s| s.record.as_ref()).is_none(),
+            missing: slot.and_then(|s| s.record.as_ref()).is_none().then_some(
+                if page.watch_rerun {
+                    // A watch rerun records only the turns that called the agent.
+                    "reused from an earlier rerun: its turns are in latest/report.html beside \
+                     this rerun's directory"
+                } else {
+                    "no record of this node in the journal (the run may have stopped before it \
+                     finished)"
+                },
+            ),
         });
         parent = Some(node.as_str());
     }
