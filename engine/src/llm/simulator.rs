@@ -387,6 +387,8 @@ fn speaker_is_the_agent(line: &str) -> bool {
 }
 
 /// `text` without the end marker (in any letter case: `[end]` too), and whether it had one.
+/// The markup and punctuation a model wraps it in go with it (`**[END]**`, `` `[END]` ``,
+/// `[END].`): left, the agent was sent `** **` or a lone `.` as the user's words.
 fn without_end_marker(text: &str) -> (String, bool) {
     let lower = text.to_ascii_lowercase();
     let marker = END_MARKER.to_ascii_lowercase();
@@ -395,12 +397,22 @@ fn without_end_marker(text: &str) -> (String, bool) {
     }
     // ASCII lower-casing keeps byte offsets, so the marker's places in `lower` are its
     // places in `text`.
+    const WRAPS: [char; 3] = ['*', '_', '`'];
     let mut out = String::with_capacity(text.len());
     let mut rest = 0;
     for (at, _) in lower.match_indices(&marker) {
-        out.push_str(&text[rest..at]);
+        if at < rest {
+            continue;
+        }
+        let before = text[rest..at].trim_end_matches(WRAPS);
+        out.push_str(&text[rest..rest + before.len()]);
         out.push(' ');
-        rest = at + marker.len();
+        let after = &text[at + marker.len()..];
+        let tail = after
+            .trim_start_matches(WRAPS)
+            .trim_start_matches(['.', '!', '?'])
+            .trim_start_matches(WRAPS);
+        rest = text.len() - tail.len();
     }
     out.push_str(&text[rest..]);
     (out, true)
@@ -439,6 +451,20 @@ mod tests {
             Said::Last("Thanks, bye!".into())
         );
         assert_eq!(interpret(" [END] "), Said::End);
+        // The markup and punctuation around the marker go with it.
+        for text in [
+            "Thanks, that's all! **[END]**",
+            "Thanks, that's all! [END].",
+            "Thanks, that's all! `[END]`",
+            "Thanks, that's all! _[end]_!",
+        ] {
+            assert_eq!(
+                interpret(text),
+                Said::Last("Thanks, that's all!".into()),
+                "{text}"
+            );
+        }
+        assert_eq!(interpret("**[END]**"), Said::End);
         assert_eq!(interpret("User:"), Said::Unusable);
         assert_eq!(interpret("   "), Said::Unusable);
     }
