@@ -171,7 +171,10 @@ pub enum LlmError {
          lower `concurrency`/`requests-per-minute` on the provider or retry later"
     )]
     RateLimited { provider: String, waited_s: f64 },
-    /// The body is not the provider's response shape.
+    /// The body is not JSON at all (`invalid_json`, as for an agent).
+    #[error("provider `{provider}`: {detail}")]
+    NotJson { provider: String, detail: String },
+    /// The body is JSON, but not the provider's response shape.
     #[error("provider `{provider}`: malformed response: {detail}")]
     Malformed { provider: String, detail: String },
     /// The provider answered with an error object in a 2xx body.
@@ -202,6 +205,7 @@ impl LlmError {
         match self {
             LlmError::Http { category, .. } => category.as_str(),
             LlmError::RateLimited { .. } => "rate_limited",
+            LlmError::NotJson { .. } => "invalid_json",
             LlmError::Malformed { .. } => "protocol",
             LlmError::Provider { .. } => "provider_error",
             LlmError::NoModel { .. } => "setup",

@@ -488,7 +488,7 @@ impl ProviderClient {
 
     fn decode_error(&self, e: DecodeError) -> LlmError {
         match e {
-            DecodeError::NotJson { .. } => LlmError::Malformed {
+            DecodeError::NotJson { .. } => LlmError::NotJson {
                 provider: self.id.clone(),
                 detail: self.redact(&e.to_string()),
             },
@@ -546,6 +546,7 @@ impl From<&LlmError> for Fault {
         let category = match e {
             LlmError::Http { category, .. } => *category,
             LlmError::RateLimited { .. } => FaultCategory::Timeout,
+            LlmError::NotJson { .. } => FaultCategory::InvalidJson,
             LlmError::Malformed { .. } => FaultCategory::Protocol,
             LlmError::Provider { .. } => FaultCategory::AgentError,
             LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {

@@ -620,6 +620,7 @@ fn llm_fault(error: &LlmError) -> Fault {
     let category = match error {
         LlmError::Http { category, .. } => *category,
         LlmError::RateLimited { .. } => FaultCategory::Timeout,
+        LlmError::NotJson { .. } => FaultCategory::InvalidJson,
         LlmError::Malformed { .. } | LlmError::Provider { .. } => FaultCategory::Protocol,
         LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {
             FaultCategory::Setup

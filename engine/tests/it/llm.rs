@@ -274,8 +274,10 @@ async fn garbage_empty_and_error_bodies_are_errors_never_answers() {
         fake.base_url()
     ));
     let garbage = client.complete(&ask("garbage"), None).await;
+    // A body that is not JSON is `invalid_json`, as an agent's is; `protocol` is JSON of
+    // the wrong shape.
     assert!(
-        matches!(&garbage.result, Err(LlmError::Malformed { detail, .. }) if detail.contains("not JSON")),
+        matches!(&garbage.result, Err(e @ LlmError::NotJson { detail, .. }) if detail.contains("not JSON") && e.category() == "invalid_json"),
         "{:?}",
         garbage.result
     );
