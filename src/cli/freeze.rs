@@ -209,6 +209,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
             "succeeded" => "reached its goal",
             "pruned" => "was pruned",
             "resisted" => "was resisted",
+            "exhausted" => "ran out of attacker messages",
             _ => "ended",
         },
         attack.depth,

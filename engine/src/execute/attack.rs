@@ -112,8 +112,34 @@ impl<'a> Unit<'a> {
                     .await;
                 let proposals = match proposals {
                     Ok(p) => p,
+                    // A path judged at the turn before (it resisted every message it was
+                    // sent): the attacker has nothing more for it (a refusal, an unusable
+                    // answer), so it ends there, `exhausted`. The attacker's failure is not
+                    // the agent's: it was charged to the path as an error, and the path's
+                    // judged turn counted as not judged.
+                    Err(_)
+                        if parent
+                            .state
+                            .attack
+                            .as_ref()
+                            .is_some_and(|a| a.score.is_some()) =>
+                    {
+                        let mut state = parent.state.clone();
+                        state.pending_simulator.extend(call);
+                        mark(&mut state, attack, "exhausted");
+                        all_passed &= self
+                            .finish_trajectory(
+                                t,
+                                &state,
+                                None,
+                                Vec::new(),
+                                Some(parent.session.as_ref()),
+                            )
+                            .await;
+                        continue;
+                    }
                     Err(why) => {
-                        // The path cannot go on: it ends here, an error of the search.
+                        // The search cannot start on this path: an error of the search.
                         let mut state = parent.state.clone();
                         state.pending_simulator.extend(call);
                         let fault = Fault::new(FaultCategory::Simulator, why);
