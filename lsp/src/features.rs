@@ -767,9 +767,21 @@ fn template_items(chain: &[&Node], typed: &str) -> Vec<CompletionItem> {
             .flat_map(|c| c.children().map(|k| k.name.clone()))
             .collect();
         roots.push(("user_context".into(), keys, "the scenario's `user-context`"));
-        let mut vars = Vec::new();
+        let mut vars = matrix_names(s);
         captures(s, &mut vars, 0);
-        roots.push(("vars".into(), vars, "values captured by `capture`"));
+        roots.push((
+            "vars".into(),
+            vars,
+            "values captured by `capture`, and the `matrix` values of the instance",
+        ));
+        if s.setting("for-each").is_some() {
+            // Its columns are the dataset file's: the loader checks them (`check`).
+            roots.push((
+                "row".into(),
+                Vec::new(),
+                "the dataset row this instance runs with (`for-each`)",
+            ));
+        }
         if s.setting("persona").is_some() {
             roots.push((
                 "persona".into(),
@@ -804,6 +816,15 @@ fn template_items(chain: &[&Node], typed: &str) -> Vec<CompletionItem> {
         });
     }
     items
+}
+
+/// The names of a scenario's `matrix { NAME VALUE…; … }`: `vars.NAME` in its instances.
+fn matrix_names(scenario: &Node) -> Vec<String> {
+    scenario
+        .children()
+        .filter(|c| c.name == "matrix")
+        .flat_map(|m| m.children().map(|v| v.name.clone()))
+        .collect()
 }
 
 fn captures(node: &Node, out: &mut Vec<String>, depth: usize) {
@@ -859,6 +880,12 @@ fn template_origin(chain: &[&Node], var: &str) -> String {
             let scenario = chain.iter().find(|n| n.name == "scenario");
             let mut names = Vec::new();
             if let Some(s) = scenario {
+                if matrix_names(s).iter().any(|n| n == rest) {
+                    return format!(
+                        "`{var}`: the `matrix` value `{rest}` of the instance (one instance \
+                         per combination of the matrix's values)"
+                    );
+                }
                 captures(s, &mut names, 0);
             }
             if names.iter().any(|n| n == rest) {
@@ -872,6 +899,10 @@ fn template_origin(chain: &[&Node], var: &str) -> String {
         "env" => {
             format!("`{var}`: the environment variable `{rest}` of the process running Trellis")
         }
+        "row" => format!(
+            "`{var}`: the column `{rest}` of the dataset row this instance runs with \
+             (`for-each`)"
+        ),
         "scenario" => format!("`{var}`: the scenario's `{rest}`"),
         "persona" => format!("`{var}`: the scenario's persona's `{rest}`"),
         _ => format!("`{var}`"),

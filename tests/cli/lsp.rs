@@ -540,14 +540,28 @@ scenario "pq" for-each="p" {
     user "hi {{ row.n }}"
     expect no-error
 }
+scenario "tones" for-each="o" {
+    matrix { tone "calm" "angry"; }
+    user "as {{ vars.tone }}: {{ row.id }}"
+    expect no-error
+}
 "#;
     std::fs::write(dir.path().join("main.kdl"), main).expect("written");
+    // Line 14 is the `user` step of `tones`; its characters: `{{ vars.tone }}` and
+    // `{{ row.id }}`.
+    let tones = main.lines().nth(14).expect("the tones step");
+    let at = |needle: &str| tones.find(needle).expect("in the step") + 2;
     let steps = serde_json::json!([
         {"do": "open", "file": "main.kdl"},
         {"do": "change", "file": "main.kdl", "text": main.replace("row.amount", "row.amont")},
         {"do": "write", "file": "data/o.csv", "text": "id,amount\nA1,3\nA2\n"},
         {"do": "change", "file": "main.kdl", "text": main},
-        {"do": "complete", "file": "main.kdl", "line": 12, "character": 0},
+        {"do": "complete", "file": "main.kdl", "line": 17, "character": 0},
+        {"do": "write", "file": "data/o.csv", "text": "id,amount\nA1,3\nA2,4\n"},
+        {"do": "hover", "file": "main.kdl", "line": 14, "character": at("tone }}")},
+        {"do": "hover", "file": "main.kdl", "line": 14, "character": at("id }}")},
+        {"do": "complete", "file": "main.kdl", "line": 14, "character": at("vars.tone") + 3},
+        {"do": "complete", "file": "main.kdl", "line": 14, "character": at("{{ vars") + 1},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(
@@ -568,6 +582,17 @@ scenario "pq" for-each="p" {
         "{}",
         out[5]
     );
+    // A matrix value is said as one, not as a capture missing from the scenario; a row's
+    // column as the dataset's; completion offers both.
+    let hover = out[7]["text"].to_string();
+    assert!(hover.contains("the `matrix` value `tone`"), "{hover}");
+    let hover = out[8]["text"].to_string();
+    assert!(
+        hover.contains("the column `id` of the dataset row"),
+        "{hover}"
+    );
+    assert!(labels(&out[9]).contains(&"tone".to_string()), "{}", out[9]);
+    assert!(labels(&out[10]).contains(&"row".to_string()), "{}", out[10]);
 }
 
 #[test]
