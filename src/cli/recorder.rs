@@ -198,6 +198,9 @@ pub(super) struct Record {
     /// Set by [`Record::flush_when_idle`]: entries are flushed by [`Record::idle`] or
     /// [`MAX_UNFLUSHED`] after the last flush, not one by one.
     batched: Option<std::time::Instant>,
+    /// Entries were appended since the last flush: not yet readable on disk, so not yet
+    /// to be reported as recorded ([`Record::holds_unflushed`]).
+    unflushed: bool,
 }
 
 /// How long a batched journal may hold entries that are not yet readable on disk while the
@@ -236,6 +239,7 @@ impl Record {
             report_options: ReportOptions::default(),
             resumed: None,
             batched: None,
+            unflushed: false,
         })
     }
 
@@ -255,6 +259,7 @@ impl Record {
             report_options: ReportOptions::default(),
             resumed: Some(ResumedRecord { agents }),
             batched: None,
+            unflushed: false,
         }
     }
 
@@ -283,12 +288,20 @@ impl Record {
         }
     }
 
+    /// Whether entries appended since the last flush are not yet on disk: what reports an
+    /// event as recorded (the console, `--message-format json`) waits until they are, or a
+    /// `kill -9` loses trajectories a script was already told had finished.
+    pub(super) fn holds_unflushed(&self) -> bool {
+        self.unflushed && self.journal_error.is_none()
+    }
+
     fn flush_journal(&mut self) {
         if self.journal_error.is_none()
             && let Err(e) = self.journal.flush()
         {
             self.journal_error = Some(e);
         }
+        self.unflushed = false;
         if let Some(last) = &mut self.batched {
             *last = std::time::Instant::now();
         }
@@ -304,7 +317,10 @@ impl Record {
             self.flush_journal();
         }
         let appended = match self.batched {
-            Some(_) => self.journal.append_unflushed(event),
+            Some(_) => {
+                self.unflushed = true;
+                self.journal.append_unflushed(event)
+            }
             None => self.journal.append(event),
         };
         if let Err(e) = appended {
@@ -368,6 +384,7 @@ impl Record {
             report_options,
             resumed: _,
             batched: _,
+            unflushed: _,
         } = self;
         let mut problems = Vec::new();
         let journal_error = match journal_error {

@@ -971,6 +971,7 @@ pub fn execute_plan(
         summary: None,
         json_events: settings.json_events,
         export: exporter,
+        held: Vec::new(),
     };
     let options = RunOptions {
         telemetry: trellis_engine::otel::Telemetry {
@@ -1030,8 +1031,10 @@ pub fn execute_plan(
                         if lingered < LINGER_ROUNDS + QUIET_ROUNDS =>
                     {
                         if lingered == LINGER_ROUNDS {
-                            // Caught up: what was recorded becomes readable on disk.
+                            // Caught up: what was recorded becomes readable on disk, and
+                            // is said.
                             reporter.record.idle();
+                            reporter.release();
                             reporter.console.flush_lines();
                         }
                         lingered += 1;
@@ -1049,8 +1052,10 @@ pub fn execute_plan(
                     }
                     Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => break,
                 };
-                reporter.on_event(&event);
+                reporter.on_event(event);
             }
+            reporter.record.idle();
+            reporter.release();
             reporter.console.flush_lines();
             (reporter, super::bench::thread_cpu_time())
         })
@@ -1316,17 +1321,43 @@ struct Reporter {
     json_events: bool,
     /// `--otlp-endpoint`: the run's own spans, built from the same events.
     export: Option<trellis_engine::otel::export::SpanExporter>,
+    /// Events recorded in the journal but not yet flushed to disk: said (on the console,
+    /// as JSON lines) once they are, so that nothing is reported finished that a `kill -9`
+    /// would lose. At most the recorder's batching window (100 ms) of them.
+    held: Vec<Event>,
 }
 
 impl Reporter {
-    fn on_event(&mut self, event: &Event) {
-        self.record.push(event);
+    fn on_event(&mut self, event: Event) {
+        self.record.push(&event);
         if let Some(export) = &mut self.export {
-            export.push(event);
+            export.push(&event);
         }
-        if let Event::RunFinished(s) = event {
+        if let Event::RunFinished(s) = &event {
             self.summary = Some(s.clone());
         }
+        if self.record.holds_unflushed() {
+            self.held.push(event);
+        } else {
+            self.release();
+            self.say(&event);
+        }
+    }
+
+    /// Says the events held until the journal was flushed, in order.
+    fn release(&mut self) {
+        if self.record.holds_unflushed() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        for event in &held {
+            self.say(event);
+        }
+        self.held = held;
+        self.held.clear();
+    }
+
+    fn say(&mut self, event: &Event) {
         if self.json_events {
             json_event(event, self.record.out());
         }

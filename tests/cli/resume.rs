@@ -1528,3 +1528,63 @@ async fn a_changed_dataset_row_is_named_by_its_columns() {
     std::fs::write(&suite, text.replace("{{ row.q }}", "{{ row.q }}!")).unwrap();
     refused_resume(&suite, &out, "suite/s[1] main [bot]: what it sends changed").await;
 }
+
+/// Nothing is reported finished that a `kill -9` loses: every `trajectory_finished` line a
+/// script read before the kill names a trajectory the journal holds (the journal is flushed
+/// in batches; a line printed before its entry reached the disk was a result that vanished,
+/// and ran again on `--resume`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_trajectory_reported_finished_survives_a_kill() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "demo" protocol="connexity" builtin="booking"
+scenario "busy" {
+    repeat 20000
+    user "How much does a duct cleaning cost?"
+    expect reply contains="$249"
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = run_in(
+        &suite,
+        &["--jobs", "64", "--message-format", "json", "--out"],
+    )
+    .arg(&out)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut reported = std::collections::BTreeSet::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if event["type"] == "trajectory_finished" {
+            reported.insert(event["repetition"].as_u64().unwrap());
+            if reported.len() == 3000 {
+                break;
+            }
+        }
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    child.wait().await.unwrap();
+    let recorded: std::collections::BTreeSet<u64> = journal_text(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e.get("trajectory")?["repetition"].as_u64())
+        .collect();
+    let lost: Vec<&u64> = reported.difference(&recorded).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} trajectories reported finished are not in the journal: {:?}…",
+        lost.len(),
+        reported.len(),
+        &lost[..lost.len().min(10)]
+    );
+}
