@@ -406,6 +406,15 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         replay(shard, offset_ms, &mut agents_seen, &mut totals, &mut push)?;
     }
+    // What was merged, counted: a partial merge records no end, but says what it holds.
+    let merged_counts = serde_json::json!({
+        "trajectories": totals.trajectories,
+        "passed": totals.passed,
+        "failed": totals.failed,
+        "errors": totals.errors,
+        "skipped": totals.skipped,
+        "invalid": totals.invalid,
+    });
     let summary = (!partial).then(|| finished(totals, &shards));
     if let Some(summary) = &summary {
         push(&Event::RunFinished(summary.clone()));
@@ -477,6 +486,14 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             );
             line["merged_shards"] = serde_json::json!(merged.len());
             line["partial"] = serde_json::json!(partial);
+            // A partial merge has no end recorded (`finished` false), but its counts are
+            // those of the trajectories it merged, not unknown.
+            if summary.is_none()
+                && let (Some(line), Some(counts)) =
+                    (line.as_object_mut(), merged_counts.as_object())
+            {
+                line.extend(counts.clone());
+            }
             outln!("{line}");
         }
     };

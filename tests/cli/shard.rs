@@ -902,6 +902,26 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
     .unwrap();
     assert_eq!(meta["merged"]["partial"], true);
     assert_eq!(meta["merged"]["missing"], 2);
+    // Its JSON end: not finished, and counting what it merged (every count was null).
+    let json = trellis()
+        .arg("merge")
+        .args(&without)
+        .args(["--allow-partial", "--message-format", "json", "--out"])
+        .arg(tmp.path().join("partial-json"))
+        .output()
+        .await
+        .unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(stdout(&json).lines().last().unwrap_or("null")).unwrap();
+    assert_eq!(last["type"], "run_finished", "{last}");
+    assert_eq!(last["finished"], false, "{last}");
+    let merged = results(&tmp.path().join("partial-json")).trajectories.len();
+    assert_eq!(last["trajectories"], merged, "{last}");
+    let counted: u64 = ["passed", "failed", "errors", "skipped", "invalid"]
+        .iter()
+        .map(|k| last[k].as_u64().unwrap_or_else(|| panic!("{k}: {last}")))
+        .sum();
+    assert_eq!(counted, merged as u64, "{last}");
 
     // Finished with --resume, it misses nothing any more, and says so.
     let resumed = trellis()
