@@ -245,6 +245,7 @@ pub fn run(args: RunArgs) -> u8 {
                 drop(plan);
                 drop(project);
                 let mut code = already_finished(dir, &run_id, &summary);
+                let mut comparison = None;
                 // With --baseline, the verdict is the comparison's, as when a run ends: a
                 // CI step retried with `--resume` must give the gate's answer again.
                 if let Some(base) = &baseline
@@ -272,7 +273,9 @@ pub fn run(args: RunArgs) -> u8 {
                                 outln!("");
                                 history::print_comparison(&c);
                             }
-                            if c.regressed { EXIT_FAILED } else { EXIT_OK }
+                            let code = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                            comparison = Some(c);
+                            code
                         }
                         Err(message) => {
                             errln!("error: cannot compare with the baseline: {message}");
@@ -285,6 +288,20 @@ pub fn run(args: RunArgs) -> u8 {
                         "note: the suites (or the files they read) changed since this run; a \
                          finished run is not run again: start a new run (without --resume) \
                          to run them as they are now"
+                    );
+                }
+                // A script reads the stream's last line for the verdict, whatever ran.
+                if json {
+                    outln!(
+                        "{}",
+                        run_finished_json(
+                            &run_id,
+                            dir,
+                            Some(&summary),
+                            baseline.as_ref().map(|b| b.run_id.as_str()),
+                            comparison.as_ref(),
+                            code,
+                        )
                     );
                 }
                 return code;

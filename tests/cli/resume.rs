@@ -1132,6 +1132,25 @@ async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("1 failed"), "{}", stderr(&o));
     assert_eq!(server.requests(), sent);
+    // A script reading the JSON stream gets its last line, the verdict, all the same.
+    let o = run_in(&suite, &["--message-format", "json", "--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let last: serde_json::Value =
+        serde_json::from_str(stdout(&o).lines().last().unwrap_or("null")).unwrap();
+    assert_eq!(last["type"], "run_finished", "{last}");
+    assert_eq!(
+        (&last["failed"], &last["trajectories"], &last["exit_code"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        ),
+        "{last}"
+    );
 
     // Gated on a baseline that failed the same way, the run passed its gate: resumed with
     // that --baseline (a CI step retried), it passes again rather than failing on its
