@@ -302,9 +302,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "RUN", conflicts_with = "resume",
           add = ArgValueCandidates::new(complete::runs))]
     replay_users: Option<String>,
-    /// Agent calls in flight at once across the run. A soft limit on open descriptors below
-    /// 2 × JOBS + 128 is raised to that, as far as the hard limit allows; under a hard limit
-    /// too low for JOBS, JOBS is lowered to what fits (it is said).
+    /// Agent calls in flight at once across the run. Each job may hold about 4 open
+    /// descriptors (more with several agents: a builtin agent holds both ends of its
+    /// connections), besides about 50 of the run's own: a soft limit below what JOBS needs
+    /// is raised, as far as the hard limit allows; under a hard limit too low for JOBS,
+    /// JOBS is lowered to what fits (it is said).
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
     /// No progress output; only the summary.
