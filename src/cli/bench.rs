@@ -182,10 +182,7 @@ scenario "bench" {{
         );
         figures.push((f.turns as f64 / f.wall, per_turn(f.cpu)));
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+
     super::console::outln!(
         "\nmedian            {:.0} turns/s, {:.1} µs CPU per turn",
         median(figures.iter().map(|f| f.0).collect()),
@@ -286,4 +283,27 @@ pub fn peak_rss_mib() -> f64 {
     };
     // Linux reports ru_maxrss in KiB.
     usage.ru_maxrss as f64 / 1024.0
+}
+
+/// The median of `v` (at least one value); of an even number, the mean of the middle two:
+/// the upper one paired the best throughput of two runs with the worst CPU, a figure of
+/// neither run.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let half = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 0 => (v[half - 1] + v[half]) / 2.0,
+        _ => v[half],
+    }
+}
+
+#[cfg(test)]
+mod median_tests {
+    #[test]
+    fn the_median_of_two_runs_is_their_mean() {
+        assert_eq!(super::median(vec![27_976.0, 24_184.0]), 26_080.0);
+        assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert!(super::median(Vec::new()).is_nan());
+    }
 }
