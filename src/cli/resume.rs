@@ -53,6 +53,10 @@ pub(super) enum Prepared {
 /// A run ready to go on: its journal rewritten with what it keeps, open for appending.
 pub(super) struct Resumed {
     pub run_id: String,
+    /// When the run first started (its journal's `run_started`), and when each later
+    /// attempt did, this one's last: what the resumed run's own start event says.
+    pub started_at: String,
+    pub resumed_at: Vec<String>,
     pub journal: JournalWriter,
     pub finished: std::sync::Arc<Finished>,
     /// Agents whose setup (`agent` entry) the journal keeps.
@@ -207,6 +211,8 @@ pub(super) fn prepare(
     let journal = rewrite(dir, &path, &started, nodes_kept, &incomplete, &mut finished)?;
     Ok(Prepared::Resume(Box::new(Resumed {
         run_id: info.run_id,
+        started_at: started.started_at.clone(),
+        resumed_at: started.resumed_at.clone(),
         journal,
         finished: std::sync::Arc::new(finished),
         agents,

@@ -968,15 +968,17 @@ pub fn execute_plan(
         exporter
     });
     let silent = settings.silent;
-    let (record, console, resume) = match resumed {
+    let (record, console, resume, started) = match resumed {
         Some(r) => (
             Record::resumed(out, r.journal, r.agents),
             r.console,
             Some(r.finished),
+            Some((r.started_at, r.resumed_at)),
         ),
         None => (
             Record::create(out)?,
             Console::new(plan.trajectory_count(), settings.quiet, silent),
+            None,
             None,
         ),
     };
@@ -989,6 +991,7 @@ pub fn execute_plan(
         json_events: settings.json_events,
         export: exporter,
         held: Vec::new(),
+        started,
     };
     let options = RunOptions {
         telemetry: trellis_engine::otel::Telemetry {
@@ -1342,10 +1345,25 @@ struct Reporter {
     /// as JSON lines) once they are, so that nothing is reported finished that a `kill -9`
     /// would lose. At most the recorder's batching window (100 ms) of them.
     held: Vec<Event>,
+    /// A resumed run's first start and later attempts' (its journal's): its own start event
+    /// says them, as `runs.parquet` and the journal do, not this attempt's start alone.
+    started: Option<(String, Vec<String>)>,
 }
 
 impl Reporter {
     fn on_event(&mut self, event: Event) {
+        let event = match (event, self.started.take()) {
+            (Event::RunStarted(info), Some((started_at, resumed_at))) => {
+                let mut info = trellis_engine::record::RunInfo::clone(&info);
+                info.started_at = started_at;
+                info.resumed_at = resumed_at;
+                Event::RunStarted(std::sync::Arc::new(info))
+            }
+            (event, started) => {
+                self.started = started;
+                event
+            }
+        };
         self.record.push(&event);
         if let Some(export) = &mut self.export {
             export.push(&event);
@@ -1423,6 +1441,7 @@ pub(super) fn json_event(event: &Event, out: &Path) {
             "type": "run_started",
             "run_id": info.run_id,
             "started_at": info.started_at,
+            "resumed_at": info.resumed_at,
             "trellis_version": info.trellis_version,
             "suites": info.suites,
             "planned_trajectories": info.planned_trajectories,

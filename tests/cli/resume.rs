@@ -1561,7 +1561,7 @@ async fn every_trajectory_reported_finished_survives_a_kill() {
         &suite,
         r#"agent "demo" protocol="connexity" builtin="booking"
 scenario "busy" {
-    repeat 20000
+    repeat 6000
     user "How much does a duct cleaning cost?"
     expect reply contains="$249"
 }
@@ -1605,5 +1605,39 @@ scenario "busy" {
         lost.len(),
         reported.len(),
         &lost[..lost.len().min(10)]
+    );
+
+    // Resumed, its start event says when the run started, as the journal and the tables
+    // do, and when this attempt did; it reports only what it runs now.
+    let first_start = entries(&out)[0]["run_started"]["started_at"].clone();
+    let o = run_in(
+        &suite,
+        &["--jobs", "64", "--message-format", "json", "--resume"],
+    )
+    .arg(&out)
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let events: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "run_started", "{}", events[0]);
+    assert_eq!(events[0]["started_at"], first_start, "{}", events[0]);
+    assert_eq!(
+        events[0]["resumed_at"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        events[0]
+    );
+    let finished_now = events
+        .iter()
+        .filter(|e| e["type"] == "trajectory_finished")
+        .count();
+    assert_eq!(
+        finished_now,
+        6_000 - recorded.len(),
+        "only what was left ran"
     );
 }
