@@ -113,11 +113,11 @@ impl<'a> Unit<'a> {
                 let proposals = match proposals {
                     Ok(p) => p,
                     // A path judged at the turn before (it resisted every message it was
-                    // sent): the attacker has nothing more for it (a refusal, an unusable
-                    // answer), so it ends there, `exhausted`. The attacker's failure is not
-                    // the agent's: it was charged to the path as an error, and the path's
-                    // judged turn counted as not judged.
-                    Err(_)
+                    // sent) that the attacker answered nothing usable for (a refusal): it
+                    // ends there, `exhausted`, not charged to the agent as an error. An
+                    // attacker that did not answer (its call failed) is still an error: the
+                    // search was cut short, not done.
+                    Err(crate::llm::attack::ProposeError::Declined(_))
                         if parent
                             .state
                             .attack
@@ -139,10 +139,10 @@ impl<'a> Unit<'a> {
                         continue;
                     }
                     Err(why) => {
-                        // The search cannot start on this path: an error of the search.
+                        // The search cannot go on on this path: an error of the search.
                         let mut state = parent.state.clone();
                         state.pending_simulator.extend(call);
-                        let fault = Fault::new(FaultCategory::Simulator, why);
+                        let fault = Fault::new(FaultCategory::Simulator, why.to_string());
                         mark(&mut state, attack, "error");
                         all_passed &= self
                             .finish_trajectory(

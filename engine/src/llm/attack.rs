@@ -58,6 +58,19 @@ pub fn propose_request<T: AsRef<TurnRecord>>(
 
 /// The attacker's messages: at most `width`, distinct, non-empty, in its order. `Err` when
 /// there is none.
+/// Why the attacker gave no message to send.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// It answered, with nothing usable: a refusal, or no message in the shape asked. The
+    /// search has nothing more for the path.
+    #[error("{0}")]
+    Declined(String),
+    /// It did not answer: none is configured, its provider could not be set up, or its call
+    /// failed (a timeout, an HTTP error, the LLM budget, a cache miss).
+    #[error("{0}")]
+    Failed(String),
+}
+
 pub fn parse_proposals(text: &str, width: u32) -> Result<Vec<String>, String> {
     let from_json = |v: &Value| -> Option<Vec<String>> {
         let list = match v {

@@ -1043,7 +1043,11 @@ impl LlmRuntime {
         turn: u32,
         repetition: u32,
         call_name: &str,
-    ) -> (Result<Vec<String>, String>, Option<LlmCall>) {
+    ) -> (
+        Result<Vec<String>, super::attack::ProposeError>,
+        Option<LlmCall>,
+    ) {
+        use super::attack::ProposeError::{Declined, Failed};
         let layered = Layered::new(None, self.setup.simulator.as_ref());
         let provider_id = match (
             attack.attacker.as_ref().map(|a| a.value.as_str()),
@@ -1054,17 +1058,19 @@ impl LlmRuntime {
             (None, None, [only]) => only.id.value.as_str(),
             (None, None, _) => {
                 return (
-                    Err("no attacker: add `attacker=\"PROVIDER\"` to the `attack`".into()),
+                    Err(Failed(
+                        "no attacker: add `attacker=\"PROVIDER\"` to the `attack`".into(),
+                    )),
                     None,
                 );
             }
         };
         let client = match self.clients.get(provider_id) {
             Some(Ok(client)) => client,
-            Some(Err(e)) => return (Err(format!("attacker unavailable: {e}")), None),
+            Some(Err(e)) => return (Err(Failed(format!("attacker unavailable: {e}"))), None),
             None => {
                 return (
-                    Err(format!("provider `{provider_id}` is not defined")),
+                    Err(Failed(format!("provider `{provider_id}` is not defined"))),
                     None,
                 );
             }
@@ -1080,8 +1086,8 @@ impl LlmRuntime {
             .complete_json(Role::Attacker, client, &mut request, repetition, call_name)
             .await;
         let result = match outcome.result {
-            Ok(c) => super::attack::parse_proposals(&c.text, attack.width),
-            Err(e) => Err(format!("the attacker call failed: {e}")),
+            Ok(c) => super::attack::parse_proposals(&c.text, attack.width).map_err(Declined),
+            Err(e) => Err(Failed(format!("the attacker call failed: {e}"))),
         };
         (result, Some(outcome.call))
     }
