@@ -964,14 +964,22 @@ fn lines_disagree(text: &str, key: &str) -> bool {
 
 /// The number a `Score:` line's value starts with, as small models write it: `0.85`,
 /// `0.85.` (a sentence's period), `**0.85**`, `0.85 (good)`, `` `0.85` ``. `/` is kept in
-/// the token (`7/10`), so a score on another scale is not read as its numerator.
+/// the token (`7/10`), so a score on another scale is not read as its numerator; nor is
+/// one whose scale follows in words (`1 out of 10`, `1 (on a 1-10 scale)`): none when
+/// what follows the number says a scale or holds another number.
 pub(crate) fn line_number(value: &str) -> Option<&str> {
     let s = value.trim().trim_start_matches(['*', '_', '`']);
     let end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '/'))
         .unwrap_or(s.len());
     let token = s[..end].trim_end_matches('.');
-    (!token.is_empty()).then_some(token)
+    let rest = s[end..].trim_start_matches(['*', '_', '`']).trim_start();
+    let scale = rest.bytes().any(|b| b.is_ascii_digit())
+        || ["out of", "of "].iter().any(|w| {
+            rest.get(..w.len())
+                .is_some_and(|h| h.eq_ignore_ascii_case(w))
+        });
+    (!token.is_empty() && !scale).then_some(token)
 }
 
 pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
@@ -1017,7 +1025,14 @@ mod tests {
             let answer = parse_answer(&generic, text).unwrap_or_else(|e| panic!("{text}: {e}"));
             assert!((answer.score - 0.85).abs() < 1e-9, "{text}");
         }
-        for text in ["Score: 8/10", "Score: 85", "Score: high"] {
+        for text in [
+            "Score: 8/10",
+            "Score: 85",
+            "Score: high",
+            "Score: 1 out of 10",
+            "Score: 1 (on a 1-10 scale)",
+            "Score: **1** of 5",
+        ] {
             let e = parse_answer(&generic, text).unwrap_err();
             assert!(e.0.contains("no score from 0 to 1"), "{text}: {e}");
         }
@@ -1030,6 +1045,7 @@ mod tests {
             crate::llm::attack::parse_score("Score: **7/10**").map(|(s, _)| s),
             Ok(0.7)
         );
+        assert!(crate::llm::attack::parse_score("Score: 1 out of 10").is_err());
     }
 
     #[test]
