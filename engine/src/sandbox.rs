@@ -202,7 +202,8 @@ pub struct StateChange {
 /// A governance policy on one tool's parameters.
 #[derive(Clone, Debug)]
 pub enum Policy {
-    /// The parameter, when numeric, must not exceed `limit` (the harness's `max_limit`,
+    /// The parameter, read as an amount ([`amount_value`]; one that reads as none is
+    /// refused), must not exceed `limit` (the harness's `max_limit`,
     /// which checks `params.amount`).
     Maximum { param: String, limit: f64 },
     /// The parameter, when present, must equal one of `values` ([`written_matches`]).
@@ -230,7 +231,7 @@ impl Policy {
             Policy::Maximum { param, limit } => {
                 let value = params.get(param).filter(|v| !v.is_null())?;
                 // A value the limit cannot be checked against is refused, not let through: a
-                // refund of \"100 USD\" read as no number went past a limit of 50.
+                // refund of "100 USD" read as no number went past a limit of 50.
                 let Some(number) = amount_value(value) else {
                     return Some(format!(
                         "{} {} cannot be checked against the limit of {}: it is not a number",
@@ -580,6 +581,16 @@ fn amount_value(value: &Value) -> Option<f64> {
         None => (false, text),
     };
     let bare = without_currency(text)?;
+    // `1.000 €` is a thousand where a point groups thousands, and one where it is the
+    // decimal point: which was meant is not for a guardrail to guess, so it reads as no
+    // number (and is refused), never as the smaller.
+    if !bare.contains(',')
+        && let Some((_, fraction)) = bare.split_once('.')
+        && fraction.len() == 3
+        && !fraction.contains('.')
+    {
+        return None;
+    }
     let number = grouped_number(bare)?;
     Some(if negative { -number } else { number })
 }
@@ -1680,6 +1691,8 @@ mod tests {
             json!("NaN"),
             json!("100 dollars"),
             json!("1.000.000"),
+            json!("1.000 €"),
+            json!("10.000 EUR"),
             json!([100]),
             json!(true),
         ] {
