@@ -49,6 +49,8 @@ pub fn run(args: RunArgs) -> u8 {
         }
     };
     if args.shard.is_none()
+        && chosen.is_none()
+        && args.resume.is_none()
         && let Some(job) = shard::gitlab_matrix_job(&|name| std::env::var(name).ok())
     {
         errln!(
@@ -561,6 +563,18 @@ fn resumed_shard(
             errln!(
                 "error: a resumed shard keeps the split it started with (its shard.json); \
                  leave out --shard-costs"
+            );
+            Some(EXIT_INVALID)
+        }
+        // `--shard 1/1` asks for the whole plan (`shard::choose` gives no shard for it):
+        // a shard's directory holds part of one.
+        (Some(split), None) if args.shard.is_some() => {
+            errln!(
+                "error: {} holds shard {}/{} of its run, and --shard says the whole plan; \
+                 resume it as the shard it is (leave out --shard)",
+                dir.display(),
+                split.index,
+                split.count
             );
             Some(EXIT_INVALID)
         }

@@ -266,7 +266,8 @@ pub fn choose(
 /// run the whole plan with its own values, not a shard of it. Read as sharding, each
 /// job ran a part of the plan (and exited 0). Its `parallel: N` jobs are named `test 2/3`.
 pub fn gitlab_matrix_job(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    env(GITLAB_INDEX)?;
+    // Set to nothing is not set, as `choose` reads it.
+    env(GITLAB_INDEX).filter(|v| !v.trim().is_empty())?;
     let name = env(GITLAB_JOB_NAME)?;
     let (_, values) = name.trim_end().rsplit_once(": [")?;
     values.ends_with(']').then_some(name)
@@ -527,6 +528,10 @@ mod tests {
         );
         assert_eq!(
             gitlab_matrix_job(&env(&[(GITLAB_JOB_NAME, "eval: [a]")])),
+            None
+        );
+        assert_eq!(
+            gitlab_matrix_job(&env(&[(GITLAB_INDEX, " "), (GITLAB_JOB_NAME, "eval: [a]")])),
             None
         );
     }

@@ -1341,6 +1341,25 @@ async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
         );
         assert_eq!(matrix, args.is_empty(), "{}", said(&o));
     }
+
+    // A shard's directory resumed with --shard 1/1: it holds part of a plan, refused.
+    let part = tmp.path().join("part");
+    let o = run_shard(&suite, "1/2", &part, NONE).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["--shard", "1/1", "--resume"])
+        .arg(&part)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(
+        flat(&stderr(&o)).contains("holds shard 1/2 of its run, and --shard says the whole plan"),
+        "{}",
+        said(&o)
+    );
 }
 
 #[tokio::test]
