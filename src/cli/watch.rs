@@ -1562,7 +1562,8 @@ impl Recorder {
                 Event::RunStarted(info) => {
                     let mut info = trellis_engine::record::RunInfo::clone(info);
                     info.planned_trajectories = self.expected;
-                    info.scenarios = rerun_scenarios(&info.scenarios, &self.view.whys);
+                    info.scenarios =
+                        rerun_scenarios(&info.scenarios, &self.view.whys, &self.view.previous);
                     self.rerun
                         .push(&Event::RunStarted(std::sync::Arc::new(info)));
                 }
@@ -1616,19 +1617,36 @@ impl Recorder {
 /// The planned scenarios as a rerun's own record lists them: only the trajectories it
 /// reran. The engine plans every scenario (an unchanged one's turns are answered from the
 /// session's records); listed whole, the rerun's report said an unchanged trajectory was
-/// "not recorded: the run stopped before it" and counted it planned.
+/// "not recorded: the run stopped before it" and counted it planned. An unchanged
+/// trajectory with a repetition the session has no result of (a raised `repeat`, one a
+/// stopped rerun left unfinished) runs, and is recorded: it is kept.
 fn rerun_scenarios(
     scenarios: &[trellis_engine::record::ScenarioInfo],
     whys: &HashMap<(String, String), Why>,
+    previous: &HashMap<ResultKey, Standing>,
 ) -> Vec<trellis_engine::record::ScenarioInfo> {
     scenarios
         .iter()
         .filter_map(|s| {
             let key = format!("{}/{}", s.suite, s.scenario);
+            let unfinished = |trajectory: &String| {
+                s.agents.iter().any(|agent| {
+                    (0..s.repeat).any(|repetition| {
+                        !previous.contains_key(&(
+                            s.suite.clone(),
+                            s.scenario.clone(),
+                            trajectory.clone(),
+                            agent.clone(),
+                            repetition,
+                        ))
+                    })
+                })
+            };
             let rerun: Vec<usize> = (0..s.trajectories.len())
                 .filter(|&i| {
                     whys.get(&(key.clone(), s.trajectories[i].clone()))
                         .is_none_or(|w| *w != Why::Unchanged)
+                        || unfinished(&s.trajectories[i])
                 })
                 .collect();
             if rerun.is_empty() {
@@ -1665,5 +1683,67 @@ fn describe(paths: &[PathBuf]) -> String {
         [one] => format!("{} changed", show(one)),
         [one, two] => format!("{} and {} changed", show(one), show(two)),
         many => format!("{} files changed", many.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rerun plans what it reran: an unchanged trajectory is left out, unless a
+    /// repetition of it has no result in the session (a stopped rerun left it unfinished),
+    /// which it then runs and records.
+    #[test]
+    fn a_rerun_plans_the_unchanged_trajectories_it_still_runs() {
+        let info = trellis_engine::record::ScenarioInfo {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agents: vec!["a".into()],
+            trajectories: vec!["left".into(), "right".into(), "edited".into()],
+            fingerprints: vec!["1:1".into(), "2:2".into(), "3:3".into()],
+            repeat: 2,
+            ..Default::default()
+        };
+        let whys: HashMap<(String, String), Why> = [
+            ("left", Why::Unchanged),
+            ("right", Why::Unchanged),
+            ("edited", Why::Steps),
+        ]
+        .into_iter()
+        .map(|(t, why)| (("s/c".to_owned(), t.to_owned()), why))
+        .collect();
+        let standing = || Standing {
+            status: TrajectoryStatus::Passed,
+            why: None,
+            unreached: false,
+        };
+        let key = |t: &str, repetition| {
+            (
+                "s".to_owned(),
+                "c".to_owned(),
+                t.to_owned(),
+                "a".to_owned(),
+                repetition,
+            )
+        };
+        // `left` finished both repetitions; `right` only the first.
+        let previous: HashMap<ResultKey, Standing> =
+            [key("left", 0), key("left", 1), key("right", 0)]
+                .into_iter()
+                .map(|k| (k, standing()))
+                .collect();
+        let planned = rerun_scenarios(std::slice::from_ref(&info), &whys, &previous);
+        assert_eq!(planned.len(), 1);
+        assert_eq!(planned[0].trajectories, ["right", "edited"]);
+        assert_eq!(planned[0].fingerprints, ["2:2", "3:3"]);
+        // Nothing reran: the scenario is not planned at all.
+        let all_unchanged: HashMap<(String, String), Why> =
+            whys.keys().map(|k| (k.clone(), Why::Unchanged)).collect();
+        let full: HashMap<ResultKey, Standing> = ["left", "right", "edited"]
+            .into_iter()
+            .flat_map(|t| [key(t, 0), key(t, 1)])
+            .map(|k| (k, standing()))
+            .collect();
+        assert!(rerun_scenarios(std::slice::from_ref(&info), &all_unchanged, &full).is_empty());
     }
 }
