@@ -2348,8 +2348,10 @@ fn transcript(
             more_siblings,
             turns,
             missing: slot.and_then(|s| s.record.as_ref()).is_none().then_some(
-                if page.watch_rerun {
-                    // A watch rerun records only the turns that called the agent.
+                if page.watch_rerun && page.finished.is_some_and(|f| !f.interrupted) {
+                    // A finished watch rerun records only the turns that called the agent:
+                    // a node without a record was reused (in a stopped one, it may have
+                    // been cut off).
                     "reused from an earlier rerun: its turns are in latest/report.html beside \
                      this rerun's directory"
                 } else {
