@@ -569,6 +569,13 @@ struct KeptIoError<W = BufWriter<File>> {
 impl<W> KeptIoError<W> {
     fn keep<T>(&self, result: io::Result<T>) -> io::Result<T> {
         result.inspect_err(|e| {
+            // Retried by `write_all`: not what a failure was.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) {
+                return;
+            }
             let copy = match e.raw_os_error() {
                 Some(code) => io::Error::from_raw_os_error(code),
                 None => io::Error::new(e.kind(), e.to_string()),

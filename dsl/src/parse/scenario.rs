@@ -7,9 +7,9 @@ use super::*;
 pub(super) struct ScenarioState {
     /// Singular nodes already seen, for duplicate reports.
     pub(super) seen: HashMap<&'static str, SourceSpan>,
-    /// Captures that failed to decode: templates using them must not be reported again.
-    /// Captures that failed to decode, each with the offset of its first `capture` node:
-    /// a step before it still reads the name as not yet captured.
+    /// Captures that failed to decode, each with the offset of its first `capture` node: a
+    /// template after it does not report the name again (its own error is said), one
+    /// before it still reads the name as not yet captured.
     pub(super) failed_captures: HashMap<String, usize>,
 }
 
