@@ -51,10 +51,15 @@ pub enum ProviderSetupError {
     #[error("provider `{provider}`: invalid base URL `{url}`")]
     InvalidUrl { provider: String, url: String },
     #[error(
-        "provider `{provider}`: the environment variable `{var}` (api-key-env) is not set; \
-         export it, or remove `api-key-env` for a local server that needs no key"
+        "provider `{provider}`: the environment variable `{var}` (api-key-env) {state}; \
+         export it with the key, or remove `api-key-env` for a local server that needs no key"
     )]
-    MissingKey { provider: String, var: String },
+    MissingKey {
+        provider: String,
+        var: String,
+        /// `is not set`, or `is empty` (a CI secret a pull request from a fork cannot read).
+        state: &'static str,
+    },
     #[error("provider `{provider}`: the API key in `{var}` cannot be sent as a header value")]
     InvalidKey { provider: String, var: String },
     #[error("provider `{provider}`: invalid header `{name}`")]
@@ -207,10 +212,15 @@ impl ProviderClient {
             None => None,
             Some(var) => match env.get(&var.value) {
                 Some(value) if !value.is_empty() => Some(Secret::new(value)),
-                _ => {
+                value => {
                     return Err(ProviderSetupError::MissingKey {
                         provider: id,
                         var: var.value.clone(),
+                        state: if value.is_some() {
+                            "is empty"
+                        } else {
+                            "is not set"
+                        },
                     });
                 }
             },

@@ -214,6 +214,26 @@ async fn a_judge_without_its_key_records_who_would_have_judged() {
         assert_eq!(verdict.error_category.as_deref(), Some("setup"), "{c:?}");
     }
     assert!(fake.seen().is_empty(), "no judge was asked");
+    assert!(
+        criterion(&run, "TURN-CHECK")
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("`TRELLIS_TEST_NO_SUCH_KEY` (api-key-env) is not set"),
+        "{:?}",
+        criterion(&run, "TURN-CHECK")
+    );
+    // Set but empty (a CI secret a fork's pull request cannot read): said as such.
+    let env = EnvSnapshot::from([("TRELLIS_TEST_NO_SUCH_KEY".to_owned(), String::new())]);
+    let run = run_suite(&text, 4, env).await;
+    let c = criterion(&run, "TURN-CHECK");
+    assert!(
+        c.detail
+            .as_deref()
+            .unwrap()
+            .contains("`TRELLIS_TEST_NO_SUCH_KEY` (api-key-env) is empty"),
+        "{c:?}"
+    );
 }
 
 #[tokio::test]
