@@ -291,7 +291,9 @@ async fn read_events(
                 ),
             )
         })?;
-        if value.get("type").and_then(Value::as_str) == Some("heartbeat") {
+        if value.get("type").and_then(Value::as_str) == Some("heartbeat")
+            || assembler.repeats_its_status(&value)
+        {
             stream.keepalive();
         }
         if first_content.is_none() && value.get("object").and_then(Value::as_str) == Some("content")
@@ -430,6 +432,17 @@ impl Assembler {
     /// Whether the response reached its final status.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Whether `event` is a response event that says only the status the response already
+    /// has (`in_progress` again): it moves nothing, so a stuck server sending it every
+    /// second does not hold the idle timeout off.
+    pub fn repeats_its_status(&self, event: &Value) -> bool {
+        event.get("object").and_then(Value::as_str) == Some("response")
+            && self.status.is_some()
+            && event.get("status").and_then(Value::as_str) == self.status.as_deref()
+            && event.get("output").is_none_or(Value::is_null)
+            && event.get("error").is_none_or(Value::is_null)
     }
 
     /// Applies one event. A fault means the answer is over: the agent reported an error,

@@ -329,10 +329,6 @@ pub struct EventStream {
     progress_at: Option<Instant>,
     /// `progress_at` before the last event, to undo it when that event was a keep-alive.
     progress_before: Option<Instant>,
-    /// A hash of the last event's data: an event that repeats the one before it (a stuck
-    /// server's `{"delta":{}}` or `in_progress` every second) moved nothing, and does not
-    /// reset the idle timeout either, whatever the protocol makes of it.
-    last_data: u64,
 }
 
 impl EventStream {
@@ -444,7 +440,6 @@ impl EventStream {
             deadline: None,
             progress_at: None,
             progress_before: None,
-            last_data: 0,
             ttft: None,
             count: 0,
         }
@@ -498,16 +493,8 @@ impl EventStream {
                 if self.ttft.is_none() {
                     self.ttft = Some(self.started.elapsed());
                 }
-                let data = sse.data.as_deref().unwrap_or_default();
-                let hash = std::hash::BuildHasher::hash_one(
-                    &foldhash::fast::FixedState::default(),
-                    (&sse.event, data),
-                );
                 self.progress_before = self.progress_at;
-                if self.count == 0 || hash != self.last_data {
-                    self.progress_at = Some(Instant::now());
-                }
-                self.last_data = hash;
+                self.progress_at = Some(Instant::now());
                 self.count += 1;
                 Ok(Some(SseEvent {
                     event: sse.event,
