@@ -998,6 +998,7 @@ impl Session {
             expected,
             summary: None,
             recorded: RunSummary::default(),
+            reused_roles: Default::default(),
         };
         let reporter = std::thread::Builder::new()
             .name("trellis-watch-reporter".into())
@@ -1543,6 +1544,10 @@ struct Recorder {
     summary: Option<RunSummary>,
     /// Tallies of what the rerun's directory records.
     recorded: RunSummary,
+    /// The LLM calls of the turns answered from the session's records (a model agent's, the
+    /// simulated user's): made by earlier reruns, so not in this one's meter, but part of
+    /// the whole state `latest/` holds.
+    reused_roles: std::collections::BTreeMap<String, trellis_engine::record::LlmUsage>,
 }
 
 struct Recorded {
@@ -1553,10 +1558,64 @@ struct Recorded {
 }
 
 impl Recorder {
+    /// Counts a reused turn's LLM use as the run that made it counted it
+    /// (`engine/src/execute/walk.rs` and the model protocols): its own model's calls (a
+    /// Fixie agent's `llm`), else the usage it reported, one call a request; the simulated
+    /// user's calls.
+    fn add_reused(&mut self, turn: &trellis_engine::record::TurnRecord) {
+        use trellis_engine::record::LlmCall;
+        let mut add = |role: &str, call: &LlmCall| {
+            self.reused_roles
+                .entry(role.to_owned())
+                .or_default()
+                .add(call);
+        };
+        if !turn.llm.is_empty() {
+            turn.llm.iter().for_each(|call| add("agent", call));
+        } else if turn.prompt_tokens.is_some()
+            || turn.completion_tokens.is_some()
+            || turn.cost_usd.is_some()
+        {
+            let requests: usize = turn.exchanges.iter().map(|e| e.attempts.len()).sum();
+            add(
+                "agent",
+                &LlmCall {
+                    input_tokens: turn.prompt_tokens,
+                    output_tokens: turn.completion_tokens,
+                    cost: turn.cost_usd,
+                    attempts: u32::try_from(requests.max(1)).unwrap_or(u32::MAX),
+                    ..LlmCall::default()
+                },
+            );
+        }
+        turn.simulator
+            .iter()
+            .for_each(|call| add("simulator", call));
+    }
+
     fn consume(mut self, mut rx: event::EventReceiver) -> Recorded {
         while let Some(event) = rx.blocking_recv() {
             if let Some(latest) = &mut self.latest {
-                latest.push(&event);
+                match &event {
+                    // The whole state's LLM use: this rerun's calls and the reused turns'.
+                    Event::RunFinished(s) if !self.reused_roles.is_empty() => {
+                        let mut whole = s.clone();
+                        for (role, usage) in &self.reused_roles {
+                            whole
+                                .llm_roles
+                                .entry(role.clone())
+                                .or_default()
+                                .merge(usage);
+                        }
+                        latest.push(&Event::RunFinished(whole));
+                    }
+                    _ => latest.push(&event),
+                }
+            }
+            if let Event::Node(node) = &event {
+                for turn in node.turns.iter().filter(|t| t.reused) {
+                    self.add_reused(turn);
+                }
             }
             match &event {
                 Event::RunStarted(info) => {

@@ -1269,6 +1269,41 @@ async fn judges_rerun_through_the_cache_and_only_an_edited_one_asks_again() {
     assert!(lines.contains("0 agent call"), "{lines}");
 }
 
+/// `latest/` holds the whole state, its LLM use included: after a checks-only rerun, the
+/// model agent's calls of the turns it reused are still counted (they were dropped:
+/// `llm_roles` empty beside the turns and tokens of every trajectory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_counts_the_llm_calls_of_the_turns_it_reused() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let model = FakeLlm::start(vec![Rule::otherwise(vec![Reply::text("Hello there"); 10])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |check: &str| {
+        format!(
+            "agent \"bot\" protocol=\"openai\" base-url=\"{}\" model=\"m\"\n\
+             scenario \"a\" {{\n    user \"hello\"\n    expect reply contains=\"{check}\"\n}}\n",
+            model.base_url()
+        )
+    };
+    let roles = || -> serde_json::Value {
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("runs/latest/summary.json")).unwrap(),
+        )
+        .unwrap();
+        summary["stats"]["aggregates"]["llm_roles"].clone()
+    };
+    write(&suite, &text("Hello"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(model.calls(), 1, "{}", watch.all());
+    let first = roles();
+    assert_eq!(first["agent"]["calls"], 1, "{first}");
+    write(&suite, &text("Hell"));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(model.calls(), 1, "checks only: {}", watch.all());
+    assert_eq!(roles()["agent"], first["agent"], "{}", roles());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_dataset_row_reruns_only_its_instance() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
