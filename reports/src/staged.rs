@@ -6,9 +6,60 @@
 //! its `.partial` removed, so a run that exits 3 leaves no half-written file under any name.
 
 use std::fs::File;
+use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use crate::error::ReportError;
+
+/// A results file as a library writes it, keeping the first I/O error it met: Parquet's
+/// writer says one met while writing a page header as "Invalid thrift: transport error",
+/// and the page's template engine as "I/O error during rendering", so a full disk read as
+/// a damaged file or a template's bug. What they made of it is replaced by it
+/// ([`kept_io_error`]).
+pub(crate) struct KeptIoError<W = BufWriter<File>> {
+    pub(crate) file: W,
+    pub(crate) first: Arc<OnceLock<io::Error>>,
+}
+
+impl<W> KeptIoError<W> {
+    fn keep<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        result.inspect_err(|e| {
+            // Retried by `write_all`: not what a failure was.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) {
+                return;
+            }
+            let copy = match e.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(e.kind(), e.to_string()),
+            };
+            let _ = self.first.set(copy);
+        })
+    }
+}
+
+impl<W: io::Write> io::Write for KeptIoError<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.file.write(buf);
+        self.keep(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let flushed = self.file.flush();
+        self.keep(flushed)
+    }
+}
+
+/// The first I/O error a [`KeptIoError`] met, as a value of its own.
+pub(crate) fn kept_io_error(first: &OnceLock<io::Error>) -> Option<io::Error> {
+    first.get().map(|e| match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    })
+}
 
 /// Appended to a results file's name while it is written.
 pub const PARTIAL_SUFFIX: &str = ".partial";

@@ -16,7 +16,6 @@
 //! in between, the build and the binary leave out polars-core (docs/architecture.md,
 //! docs/performance.md).
 
-use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,7 +33,7 @@ use trellis_records::{
 
 use crate::error::ReportError;
 use crate::history::{RunMeta, SCHEMA_VERSION};
-use crate::staged::Staged;
+use crate::staged::{KeptIoError, Staged, kept_io_error};
 
 /// Flush a table early when its buffered text reaches this size, so a run with very long
 /// replies does not hold `batch_rows` of them at once. A batch is held about three times
@@ -558,55 +557,10 @@ fn reader_schema(schema: &ArrowSchema) -> polars_parquet::write::KeyValue {
     polars_parquet::write::schema_to_metadata_key(&schema)
 }
 
-/// A table's file as its Parquet writer writes it, keeping the first I/O error: the writer
-/// reports one met while writing a page header as "Invalid thrift: transport error", and
-/// a full disk read as a damaged file.
-struct KeptIoError<W = BufWriter<File>> {
-    file: W,
-    first: Arc<OnceLock<io::Error>>,
-}
-
-impl<W> KeptIoError<W> {
-    fn keep<T>(&self, result: io::Result<T>) -> io::Result<T> {
-        result.inspect_err(|e| {
-            // Retried by `write_all`: not what a failure was.
-            if matches!(
-                e.kind(),
-                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-            ) {
-                return;
-            }
-            let copy = match e.raw_os_error() {
-                Some(code) => io::Error::from_raw_os_error(code),
-                None => io::Error::new(e.kind(), e.to_string()),
-            };
-            let _ = self.first.set(copy);
-        })
-    }
-}
-
-impl<W: io::Write> io::Write for KeptIoError<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let written = self.file.write(buf);
-        self.keep(written)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        let flushed = self.file.flush();
-        self.keep(flushed)
-    }
-}
-
 /// What a Parquet write's error was: the I/O error under it, if the file met one.
 fn write_error(first: &OnceLock<io::Error>, path: &Path, source: PolarsError) -> ReportError {
-    match first.get() {
-        Some(e) => {
-            let copy = match e.raw_os_error() {
-                Some(code) => io::Error::from_raw_os_error(code),
-                None => io::Error::new(e.kind(), e.to_string()),
-            };
-            ReportError::io("write", path, copy)
-        }
+    match kept_io_error(first) {
+        Some(e) => ReportError::io("write", path, e),
         None => ReportError::Polars {
             path: path.to_path_buf(),
             source,
@@ -1326,6 +1280,8 @@ impl TablesEnd {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use polars_arrow::array::Utf8ViewArray;
 
     use super::*;

@@ -67,15 +67,32 @@ pub(crate) struct Page<'a> {
     pub(crate) watch_rerun: bool,
 }
 
+/// Why the page could not be rendered: the I/O error its file met (a full disk, which the
+/// template engine says as "I/O error during rendering"), else the template's error.
+fn render_error(
+    first: &std::sync::OnceLock<std::io::Error>,
+    path: &Path,
+    e: minijinja::Error,
+) -> ReportError {
+    match crate::staged::kept_io_error(first) {
+        Some(io) => ReportError::io("write", path, io),
+        None => ReportError::Template {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
 /// Writes the page as `path.partial` and moves it into place once complete.
 pub(crate) fn write(path: &Path, page: &Page<'_>) -> Result<(), ReportError> {
     let view = view::build(page);
     let (staged, file) = Staged::create(path)?;
-    let mut out = BufWriter::new(file);
-    render_to(&view, &mut out).map_err(|e| ReportError::Template {
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    let first = std::sync::Arc::new(std::sync::OnceLock::new());
+    let mut out = BufWriter::new(crate::staged::KeptIoError {
+        file,
+        first: first.clone(),
+    });
+    render_to(&view, &mut out).map_err(|e| render_error(&first, path, e))?;
     out.flush().map_err(|e| ReportError::io("write", path, e))?;
     drop(out);
     staged.publish().map(drop)
@@ -236,5 +253,47 @@ mod tests {
         let prepared = PAGE_ENVIRONMENT.get().unwrap().as_ref().unwrap();
         assert!(prepared.get_template("report.html").is_ok());
         assert!(std::ptr::eq(page_environment().unwrap(), prepared));
+    }
+}
+
+#[cfg(test)]
+mod render_error_tests {
+    use std::io::Write as _;
+
+    /// A full disk met while the page is rendered is said as one, not as the template
+    /// engine's "I/O error during rendering".
+    #[test]
+    fn a_full_disk_under_the_page_is_said_as_one() {
+        let first = std::sync::Arc::new(std::sync::OnceLock::new());
+        let mut out = crate::staged::KeptIoError {
+            file: std::fs::File::options()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full opens for writing"),
+            first: first.clone(),
+        };
+        let written = out.write_all(&[b'x'; 64]);
+        assert!(written.is_err());
+        let e = minijinja::Error::new(
+            minijinja::ErrorKind::WriteFailure,
+            "I/O error during rendering",
+        );
+        let said = super::render_error(&first, std::path::Path::new("report.html"), e);
+        let cause = std::error::Error::source(&said).map(ToString::to_string);
+        assert!(
+            cause
+                .as_deref()
+                .is_some_and(|c| c.contains("No space left")),
+            "{said}: {cause:?}"
+        );
+        let none = std::sync::OnceLock::new();
+        let e = minijinja::Error::new(
+            minijinja::ErrorKind::WriteFailure,
+            "I/O error during rendering",
+        );
+        assert!(matches!(
+            super::render_error(&none, std::path::Path::new("report.html"), e),
+            crate::error::ReportError::Template { .. }
+        ));
     }
 }
