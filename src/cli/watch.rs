@@ -124,6 +124,9 @@ enum Why {
     Back,
     /// Only its checks changed: re-checked against the recorded turns.
     Checks,
+    /// Only its `repeat` changed: the repetitions added run, those taken away are gone,
+    /// the others are answered from the records.
+    Repeat,
     /// Unchanged, but its agent could not be reached last time (down, not started, rate
     /// limited past waiting): any save asks it again, the turns it answered reused. An
     /// agent started after watch was needed an edit to be asked at all.
@@ -150,6 +153,7 @@ impl Why {
             Why::Unchanged => "unchanged",
             Why::Back => "back",
             Why::Checks => "checks changed",
+            Why::Repeat => "repeat changed",
             Why::Unreached => "its agent was not reached last time: asked again",
             Why::Dependency => "dependency changed",
             Why::BackAfterNeeds => "back, talking afresh after what it needs",
@@ -791,6 +795,9 @@ impl Session {
                 }
                 match now.scenario.change_from(&last.scenario) {
                     Change::Conversation if now.setup != last.setup => Why::Setup,
+                    // Every node sends and checks what it did: the conversation half moved
+                    // by `repeat` alone (it counts there, not in any node).
+                    Change::Conversation if now.nodes == last.nodes => Why::Repeat,
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.
@@ -856,7 +863,7 @@ impl Session {
             for t in &s.trajectories {
                 let leaf = t.nodes.last();
                 let node_why = match (why, last, now, leaf) {
-                    (Why::Steps | Why::Checks, Some(last), Some(now), Some(leaf)) => {
+                    (Why::Steps | Why::Checks | Why::Repeat, Some(last), Some(now), Some(leaf)) => {
                         match (last.nodes.get(leaf), now.nodes.get(leaf)) {
                             (Some(before), Some(after)) => {
                                 // A node's fingerprint chains its parents': the leaf's says

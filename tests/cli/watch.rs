@@ -1204,6 +1204,14 @@ async fn more_repetitions_run_only_the_new_ones() {
     assert!(lines.contains("· main [bot #2]"), "{lines}");
     assert!(!lines.contains("· main [bot #1]"), "{lines}");
     assert!(!lines.contains("· main [bot #0]"), "{lines}");
+    // Said as what changed: `repeat`, not the steps.
+    assert!(lines.contains("(repeat changed)"), "{lines}");
+    assert!(!lines.contains("steps changed"), "{lines}");
+    // Fewer: nothing runs, and the header says why the totals shrink.
+    write(&suite, &text(1));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert_eq!(agent.requests(), 6, "{}", watch.all());
+    assert!(lines.contains("(repeat changed)"), "{lines}");
 }
 
 /// Vim without `backupcopy`: the original is renamed to a backup, the new text written to
