@@ -581,16 +581,6 @@ fn amount_value(value: &Value) -> Option<f64> {
         None => (false, text),
     };
     let bare = without_currency(text)?;
-    // `1.000 €` is a thousand where a point groups thousands, and one where it is the
-    // decimal point: which was meant is not for a guardrail to guess, so it reads as no
-    // number (and is refused), never as the smaller.
-    if !bare.contains(',')
-        && let Some((_, fraction)) = bare.split_once('.')
-        && fraction.len() == 3
-        && !fraction.contains('.')
-    {
-        return None;
-    }
     let number = grouped_number(bare)?;
     Some(if negative { -number } else { number })
 }
@@ -636,6 +626,10 @@ fn grouped_number(text: &str) -> Option<f64> {
     let last_point = text.rfind('.');
     let last_comma = text.rfind(',');
     let (whole, fraction, group) = match (last_point, last_comma) {
+        // `1.000` is a thousand where a point groups thousands, and one where it is the
+        // decimal point: which was meant is not for a guardrail to guess, so it reads as
+        // no number (and is refused), never as the smaller.
+        (Some(p), None) if text.len() - p == 4 => return None,
         // `1,000.50`, `1000.5`
         (Some(p), c) if c.is_none_or(|c| c < p) => (&text[..p], Some(&text[p + 1..]), ','),
         // `1.000,50`, `100,50`

@@ -32,11 +32,7 @@ impl<W> KeptIoError<W> {
             ) {
                 return;
             }
-            let copy = match e.raw_os_error() {
-                Some(code) => io::Error::from_raw_os_error(code),
-                None => io::Error::new(e.kind(), e.to_string()),
-            };
-            let _ = self.first.set(copy);
+            let _ = self.first.set(copy_of(e));
         })
     }
 }
@@ -55,10 +51,16 @@ impl<W: io::Write> io::Write for KeptIoError<W> {
 
 /// The first I/O error a [`KeptIoError`] met, as a value of its own.
 pub(crate) fn kept_io_error(first: &OnceLock<io::Error>) -> Option<io::Error> {
-    first.get().map(|e| match e.raw_os_error() {
+    first.get().map(copy_of)
+}
+
+/// An I/O error as a value of its own (`io::Error` is not `Clone`): the same OS error, or
+/// the same kind and text.
+fn copy_of(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
         Some(code) => io::Error::from_raw_os_error(code),
         None => io::Error::new(e.kind(), e.to_string()),
-    })
+    }
 }
 
 /// Appended to a results file's name while it is written.

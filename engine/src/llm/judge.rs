@@ -733,9 +733,7 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 None => {
                     let lines = key_lines(text);
                     (
-                        lines
-                            .get("score")
-                            .and_then(|s| line_number(s)?.parse::<f64>().ok()),
+                        lines.get("score").and_then(|s| line_score(s)),
                         lines.get("label").cloned(),
                         lines.get("justification").cloned(),
                     )
@@ -746,9 +744,7 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
             if object.is_some()
                 && let (Some(said), Some(line)) = (
                     score,
-                    key_lines(text)
-                        .get("score")
-                        .and_then(|s| line_number(s)?.parse::<f64>().ok()),
+                    key_lines(text).get("score").and_then(|s| line_score(s)),
                 )
                 && said != line
             {
@@ -980,6 +976,11 @@ pub(crate) fn line_number(value: &str) -> Option<&str> {
                 .is_some_and(|h| h.eq_ignore_ascii_case(w))
         });
     (!token.is_empty() && !scale).then_some(token)
+}
+
+/// A `Score:` line's value as a number ([`line_number`]), if it is one.
+fn line_score(value: &str) -> Option<f64> {
+    line_number(value)?.parse().ok()
 }
 
 pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
