@@ -467,10 +467,17 @@ async fn http_errors_quote_the_body_and_only_5xx_is_retried() {
 /// stalls out after the idle timeout instead of streaming until the size bound.
 #[tokio::test]
 async fn heartbeats_alone_do_not_keep_a_stream_alive() {
+    let message = stalls_out(json!({"object": "message", "type": "heartbeat"})).await;
+    assert!(message.contains("heartbeats do not count"), "{message}");
+}
+
+/// The timeout fault of a turn whose stream, after its opening, sends only `event`, every
+/// 100 ms: it must come after the idle timeout (800 ms), not when the stream ends.
+async fn stalls_out(event_sent: Value) -> String {
     let mut steps = opening("Thinking");
     for _ in 0..100 {
         steps.push(Step::Sleep(Duration::from_millis(100)));
-        steps.push(event(json!({"object": "message", "type": "heartbeat"})));
+        steps.push(event(event_sent.clone()));
     }
     let server = ScriptedServer::steps(steps).await;
     let started = std::time::Instant::now();
@@ -485,44 +492,21 @@ async fn heartbeats_alone_do_not_keep_a_stream_alive() {
     )
     .await;
     let message = fault(&turn, FaultCategory::Timeout);
-    assert!(message.contains("heartbeats do not count"), "{message}");
     assert!(
         started.elapsed() < Duration::from_secs(4),
         "the stall took {:?}",
         started.elapsed()
     );
+    message
 }
 
 /// A stuck server repeating one event (its response `in_progress`, every 100 ms) moves
 /// nothing: it stalls out after the idle timeout, as heartbeats do, rather than stream on.
 #[tokio::test]
 async fn an_event_repeated_over_and_over_does_not_keep_a_stream_alive() {
-    let mut steps = opening("Thinking");
-    for _ in 0..100 {
-        steps.push(Step::Sleep(Duration::from_millis(100)));
-        steps.push(event(
-            json!({"id": "r", "object": "response", "status": "in_progress"}),
-        ));
-    }
-    let server = ScriptedServer::steps(steps).await;
-    let started = std::time::Instant::now();
-    let turn = say(
-        &client(
-            &server.url,
-            Duration::from_millis(800),
-            RetryPolicy::default(),
-            true,
-        ),
-        "Hi",
-    )
-    .await;
-    let message = fault(&turn, FaultCategory::Timeout);
+    let message =
+        stalls_out(json!({"id": "r", "object": "response", "status": "in_progress"})).await;
     assert!(message.contains("the stream stalled"), "{message}");
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the stall took {:?}",
-        started.elapsed()
-    );
 }
 
 #[tokio::test]

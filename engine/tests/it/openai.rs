@@ -300,11 +300,15 @@ scenario "s" {{
 }
 
 fn client(base_url: &str, stream: bool) -> OpenAiClient {
+    client_with_timeout(base_url, stream, Duration::from_secs(5))
+}
+
+fn client_with_timeout(base_url: &str, stream: bool, timeout: Duration) -> OpenAiClient {
     OpenAiClient::new(
         base_url,
         Vec::new(),
         CallLimits {
-            timeout: Duration::from_secs(5),
+            timeout,
             max_response_size: 1 << 20,
         },
         RetryPolicy::default(),
@@ -442,31 +446,7 @@ async fn content_free_chunks_do_not_keep_a_stream_alive() {
             }
         }
     });
-    let client = OpenAiClient::new(
-        &url,
-        Vec::new(),
-        CallLimits {
-            timeout: Duration::from_millis(800),
-            max_response_size: 1 << 20,
-        },
-        RetryPolicy::default(),
-        HttpTransport::new(),
-        OpenAiOptions {
-            chat: ChatOptions {
-                api: ProviderKind::OpenAi,
-                max_tokens: Default::default(),
-                temperature: Default::default(),
-                server_slots: Default::default(),
-                provider: Default::default(),
-                model: "m".into(),
-                system_prompt: None,
-                tools: Vec::new(),
-                stream: true,
-            },
-            max_tool_rounds: 4,
-        },
-    )
-    .unwrap();
+    let client = client_with_timeout(&url, true, Duration::from_millis(800));
     let spec = spec();
     let mut session = client.open(&conversation(&spec));
     let started = std::time::Instant::now();
