@@ -349,7 +349,7 @@ async fn a_redirect_is_a_fault_streamed_or_not_and_is_never_followed() {
             FaultCategory::Protocol,
             "{extra}: {fault:?}"
         );
-        assert!(fault.message.contains("307"), "{extra}: {fault:?}");
+        assert!(fault.message.contains("HTTP 307"), "{extra}: {fault:?}");
         // Where it points, so the user can put that in `url=`.
         assert!(
             fault
@@ -412,7 +412,7 @@ async fn a_rate_limited_stream_is_waited_out_and_then_read() {
         .fault
         .as_ref()
         .expect("the 429");
-    assert!(first.message.contains("429"), "{first:?}");
+    assert!(first.message.contains("HTTP 429"), "{first:?}");
 }
 
 /// What LangServe's `/stream` sends for a chat model that says a few words and calls a

@@ -182,7 +182,7 @@ async fn http_4xx_is_not_retried() {
     let server = MisbehavingServer::respond(404, r#"{"detail":"no such agent"}"#).await;
     let outcome = call(&server.url(), 2, limits(SHORT)).await;
     let message = fault_of(&outcome, FaultCategory::Http4xx);
-    assert!(message.contains("404"), "{message}");
+    assert!(message.contains("HTTP 404"), "{message}");
     assert!(message.contains("no such agent"), "{message}");
     assert_eq!(outcome.attempts, 1);
     assert_eq!(server.requests(), 1);
@@ -282,7 +282,7 @@ async fn retries_run_out() {
     .await;
     let outcome = call(&server.url(), 1, limits(SHORT)).await;
     let message = fault_of(&outcome, FaultCategory::Http5xx);
-    assert!(message.contains("503"), "{message}");
+    assert!(message.contains("HTTP 503"), "{message}");
     assert_eq!(outcome.attempts, 2);
     assert_eq!(server.requests(), 2);
 }
