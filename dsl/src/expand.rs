@@ -1342,9 +1342,47 @@ fn render_judged(
     {
         problems.push(format!("description: {e}"));
     }
-    criteria(&mut sc.criteria, &text, &mut problems);
-    steps(&mut sc.steps, &text, &mut problems);
+    // The instances share the scenario's steps and criteria (model.rs): copied only for
+    // an instance with a judged text to render in them.
+    if sc.criteria.iter().any(judged_template) {
+        criteria(
+            Arc::make_mut(&mut sc.criteria).as_mut_slice(),
+            &text,
+            &mut problems,
+        );
+    }
+    if steps_judged_template(&sc.steps) {
+        steps(
+            Arc::make_mut(&mut sc.steps).as_mut_slice(),
+            &text,
+            &mut problems,
+        );
+    }
     problems
+}
+
+/// Whether `c` is a `judge` or `outcome` check whose statement, rubric or text is a
+/// template, which [`render_judged`] renders per instance.
+fn judged_template(c: &Criterion) -> bool {
+    let templated = |t: &str| t.contains("{{") || t.contains("{%");
+    match &c.kind {
+        CriterionKind::Judge {
+            criterion, rubric, ..
+        } => templated(criterion) || rubric.as_deref().is_some_and(templated) || templated(&c.text),
+        CriterionKind::Outcome(Outcome::Statement(statement)) => {
+            templated(statement) || templated(&c.text)
+        }
+        _ => false,
+    }
+}
+
+/// Whether an `expect` in `list` (or in a branch of it) has a [`judged_template`] check.
+fn steps_judged_template(list: &[Step]) -> bool {
+    list.iter().any(|step| match &step.kind {
+        StepKind::Expect(checks) => checks.iter().any(judged_template),
+        StepKind::Fork(branches) => branches.iter().any(|b| steps_judged_template(&b.steps)),
+        _ => false,
+    })
 }
 
 /// Each `{{ … }}` of `source`, braces included, in order.

@@ -349,7 +349,7 @@ fn turns_checks_never_passing(sc: &Scenario, files: &[SourceFile], out: &mut Vec
     let opening = u64::from(sc.first_turn == FirstTurn::Agent);
     let most = walk(&sc.steps, opening, files, out);
     // A trajectory-level check fails on a path that scripts more; said with the most.
-    for c in &sc.criteria {
+    for c in sc.criteria.iter() {
         if let Some(max) = max_of(c)
             && most > max
         {

@@ -1,7 +1,8 @@
 //! Loading a big suite stays within a small multiple of the suite's text: the heap bytes
 //! `trellis_dsl::load` holds at its peak, and what the loaded project keeps, are counted by
-//! a global allocator of this test binary (its own binary, so no other test allocates while
-//! it measures; `engine/tests/plan_memory.rs` does the same for planning).
+//! a global allocator of this test binary (its own binary, and its tests one at a time, so
+//! no other test allocates while one measures; `engine/tests/plan_memory.rs` does the same
+//! for planning).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
@@ -35,6 +36,16 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// Held by each test for its whole length: the test harness runs a binary's tests on
+/// parallel threads, and the counters above would add one test's allocations to the other's.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// What `f` returns, the heap bytes it held at its peak and those still held when it
 /// returned (both above what was allocated when it started).
@@ -128,6 +139,7 @@ const PARSE_BATCH: usize = 6 << 20;
 
 #[test]
 fn loading_memory_stays_a_small_multiple_of_the_suite() {
+    let _measuring = measuring();
     let dir = tempfile::tempdir().expect("temporary directory");
 
     // Many small scenarios: the spare room of lists grown item by item and of the list of
@@ -218,4 +230,78 @@ fn loading_memory_stays_a_small_multiple_of_the_suite() {
         "loading one scenario of {} bytes held {peak} bytes at its peak",
         text.len()
     );
+}
+
+/// A `for-each` scenario becomes one instance per row: what every instance would hold the
+/// same (steps, checks, tools) is shared, so an instance costs its row, its id and what its
+/// templates rendered differently, not a copy of the scenario.
+#[test]
+fn dataset_instances_share_what_their_rows_do_not_change() {
+    let _measuring = measuring();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    const ROWS: usize = 20_000;
+    let mut csv = String::from("id,postal,item\n");
+    for i in 0..ROWS {
+        let _ = writeln!(csv, "o{i},V4T 0A7,duct cleaning");
+    }
+    std::fs::write(dir.path().join("rows.csv"), &csv).expect("dataset written");
+    let path = dir.path().join("ds.kdl");
+    let text = r##"
+agent "a" protocol="connexity" builtin="booking"
+tool "check_service_area" {
+    param "zone" type="string" required=#true
+    mock returns=#"{"available": true}"#
+}
+dataset "rows" path="rows.csv"
+scenario "book" for-each="rows" {
+    agent "a"
+    row-id "{{ row.id }}"
+    user-context {
+        postal_code "{{ row.postal }}"
+    }
+    user "Hi, I'd like to book a {{ row.item }}."
+    expect reply contains="postal code"
+    user "It's {{ row.postal }}."
+    expect {
+        tool "check_service_area" zone="V4T0A7"
+        reply matches="(?i)available|serve"
+        latency max="2s"
+    }
+    branch "accepts" {
+        user "Tuesday works."
+        expect reply matches="(?i)booked|confirmed"
+    }
+    branch "declines" {
+        user "No thanks."
+        expect reply not-contains="booked"
+    }
+    criteria {
+        tool "create_booking" called=#false
+        turns max=8
+    }
+}
+"##;
+    std::fs::write(&path, text).expect("suite written");
+    let (project, _, held) = measure(|| {
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+            .unwrap_or_else(|e| panic!("{}", e.render_plain()))
+    });
+    assert_eq!(project.scenarios().count(), ROWS);
+    let per_row = held / ROWS;
+    eprintln!(
+        "dataset: {held} bytes held for {ROWS} rows ({per_row} per row, {} bytes of CSV per row)",
+        csv.len() / ROWS
+    );
+    // 6,940 bytes when each instance copied the scenario's steps and checks; its row
+    // (~700 bytes of typed fields) and its rendered `user-context` are its own.
+    assert!(per_row < 3_000, "each instance holds {per_row} bytes");
+    let instances: Vec<_> = project.scenarios().map(|(_, s)| s).collect();
+    assert!(std::sync::Arc::ptr_eq(
+        &instances[0].steps,
+        &instances[1].steps
+    ));
+    assert!(std::sync::Arc::ptr_eq(
+        &instances[0].criteria,
+        &instances[1].criteria
+    ));
 }

@@ -55,8 +55,8 @@ impl<'f> Decoder<'f> {
             needs: Vec::new(),
             timeout: None,
             first_turn: FirstTurn::default(),
-            steps: Vec::new(),
-            criteria: Vec::new(),
+            steps: Default::default(),
+            criteria: Default::default(),
             for_each: v
                 .prop("for-each")
                 .and_then(|e| self.spanned_string(e))
@@ -365,7 +365,7 @@ impl<'f> Decoder<'f> {
                     for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
                         let ccv = View::of(child, self.text());
                         if let Some(c) = self.criterion(&ccv, "`criteria`") {
-                            sc.criteria.push(c);
+                            Arc::make_mut(&mut sc.criteria).push(c);
                         }
                     }
                 }
@@ -379,10 +379,10 @@ impl<'f> Decoder<'f> {
             || sc.history.is_some()
             || typo_first_turn;
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
-        sc.steps = initial.into_iter().chain(steps).collect();
+        let mut steps: Vec<Step> = initial.into_iter().chain(steps).collect();
         if let Some((simulator, at)) = scenario_simulator {
             let simulator = std::sync::Arc::new(simulator);
-            if !assign_simulator(&mut sc.steps, &simulator) {
+            if !assign_simulator(&mut steps, &simulator) {
                 self.info.unused_simulators.push((*simulator).clone());
                 let span = self.span(at);
                 self.info.unplayed.push(Spanned::new("simulator", span));
@@ -393,6 +393,7 @@ impl<'f> Decoder<'f> {
                 .failed_captures
                 .insert(id.span, st.failed_captures.clone());
         }
+        sc.steps = Arc::new(steps);
         sc.shrink_to_fit();
         Some(sc)
     }

@@ -30,7 +30,7 @@ fn branches_nested_just_under_the_limit_decode_into_nested_forks() {
     // The scenario's block is one level; 127 branches make 128.
     let project =
         load_text(&nested_branches(127)).unwrap_or_else(|d| panic!("{}", d.render_plain()));
-    let mut steps = &project.suites[0].scenarios[0].steps;
+    let mut steps: &[Step] = &project.suites[0].scenarios[0].steps;
     let mut forks = 0;
     while let Some(Step {
         kind: StepKind::Fork(branches),

@@ -531,7 +531,7 @@ fn judged_criteria(scenario: &Scenario) -> Vec<(String, CriterionKind)> {
             out.push((c.text.clone(), c.kind.clone()));
         }
     };
-    for c in &scenario.criteria {
+    for c in scenario.criteria.iter() {
         add(c);
     }
     walk_steps(&scenario.steps, &mut |step| {
