@@ -182,7 +182,9 @@ pub struct PlannedScenario {
     pub scenario: Arc<Scenario>,
     pub tags: Vec<String>,
     pub agents: Vec<usize>,
-    pub nodes: Vec<ExecNode>,
+    /// Shared by the instances of one `for-each`/`matrix` scenario, which share their
+    /// steps (`dsl/src/model.rs`): compiled once, for the first of them.
+    pub nodes: Arc<Vec<ExecNode>>,
     pub trajectories: Vec<PlannedTrajectory>,
     /// Scenarios (indices into [`Plan::scenarios`]) that must finish first.
     pub needs: Vec<usize>,
@@ -191,8 +193,8 @@ pub struct PlannedScenario {
     /// scenario is skipped, saying so, as when a need did not pass.
     pub inactive_needs: Vec<(String, &'static str)>,
     /// Checked on the whole trajectory after its last step: `criteria { }`, then
-    /// `expect-tool`, in source order.
-    pub criteria: Vec<PlannedCriterion>,
+    /// `expect-tool`, in source order. Shared by instances as `nodes` is.
+    pub criteria: Arc<Vec<PlannedCriterion>>,
     pub scope: ScenarioScope,
     pub repeat: u32,
     /// The tools the engine answers for agents that leave tool calls to the harness
@@ -433,6 +435,14 @@ impl Plan {
         let mut agent_index: HashMap<String, usize> = HashMap::new();
         let mut scenarios = Vec::with_capacity(selected.len());
         let mut scenario_index: HashMap<(usize, usize), usize> = HashMap::new();
+        // The execution trees compiled, by the steps they were compiled from (the `Arc`
+        // kept, so its address stays theirs), the agents' protocols and `first-turn`: a
+        // dataset's instances share their steps, and compiling a tree per row took about
+        // 4 KB of every row planned.
+        let mut trees: HashMap<SharedTreeKey, SharedTree, FixedState> = HashMap::default();
+        // The same for trajectory checks, by the address of the `criteria` compiled.
+        type SharedChecks = (Arc<Vec<trellis_dsl::Criterion>>, Arc<Vec<PlannedCriterion>>);
+        let mut checks: HashMap<usize, SharedChecks, FixedState> = HashMap::default();
 
         for &(si, ci) in &selected {
             let suite = &project.suites[si];
@@ -528,22 +538,63 @@ impl Plan {
                 scenario: sc.id.value.clone(),
                 error,
             };
-            let (mut nodes, mut trajectories) =
-                execution_tree(sc, &protocols, simulator, &mut templates)
-                    .map_err(template_error)?;
-            // `first-turn "agent"`: the agent speaks before the first scripted step.
-            if sc.first_turn == trellis_dsl::FirstTurn::Agent
-                && let Some(root) = nodes.first_mut()
-            {
-                root.steps.insert(0, PlannedStep::Opening);
-            }
-            let criteria = sc
-                .criteria
-                .iter()
-                .chain(&sc.expect_tools)
-                .map(|c| PlannedCriterion::compile(c, &mut templates))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(template_error)?;
+            let tree_key = (
+                Arc::as_ptr(&sc.steps) as usize,
+                protocols.clone(),
+                sc.first_turn == trellis_dsl::FirstTurn::Agent,
+            );
+            let (nodes, mut trajectories) = match trees.get(&tree_key) {
+                Some((_, nodes, trajectories)) => (Arc::clone(nodes), trajectories.clone()),
+                None => {
+                    let (mut nodes, trajectories) =
+                        execution_tree(sc, &protocols, simulator, &mut templates)
+                            .map_err(template_error)?;
+                    // `first-turn "agent"`: the agent speaks before the first scripted step.
+                    if sc.first_turn == trellis_dsl::FirstTurn::Agent
+                        && let Some(root) = nodes.first_mut()
+                    {
+                        root.steps.insert(0, PlannedStep::Opening);
+                    }
+                    let nodes = Arc::new(nodes);
+                    // Only steps another scenario shares (a dataset's instances) are worth
+                    // keeping the tree of.
+                    if Arc::strong_count(&sc.steps) > 1 {
+                        trees.insert(
+                            tree_key,
+                            (
+                                Arc::clone(&sc.steps),
+                                Arc::clone(&nodes),
+                                trajectories.clone(),
+                            ),
+                        );
+                    }
+                    (nodes, trajectories)
+                }
+            };
+            // Shared as the trees are, when `expect-tool` adds none of the instance's own.
+            let checks_key = sc
+                .expect_tools
+                .is_empty()
+                .then(|| Arc::as_ptr(&sc.criteria) as usize);
+            let criteria = match checks_key.and_then(|key| checks.get(&key)) {
+                Some((_, compiled)) => Arc::clone(compiled),
+                None => {
+                    let compiled = Arc::new(
+                        sc.criteria
+                            .iter()
+                            .chain(&sc.expect_tools)
+                            .map(|c| PlannedCriterion::compile(c, &mut templates))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(template_error)?,
+                    );
+                    if let Some(key) = checks_key
+                        && Arc::strong_count(&sc.criteria) > 1
+                    {
+                        checks.insert(key, (Arc::clone(&sc.criteria), Arc::clone(&compiled)));
+                    }
+                    compiled
+                }
+            };
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             let mut scope = ScenarioScope::new(Arc::clone(sc), persona.clone(), &env);
@@ -751,7 +802,7 @@ fn count_scenario(
                 })
                 .flatten();
             let skipped = turn_checks
-                .chain(&s.criteria)
+                .chain(s.criteria.iter())
                 .filter(|c| {
                     not_runnable::criterion(&c.criterion.kind).is_some()
                         && !(judged && crate::llm::LlmRuntime::is_judged(&c.criterion.kind))
@@ -880,6 +931,18 @@ fn execution_tree(
     trajectories.shrink_to_fit();
     Ok((nodes, trajectories))
 }
+
+/// What a planned execution tree is shared by: the address of the steps it was compiled
+/// from, the agents' protocols, whether the agent speaks first.
+type SharedTreeKey = (usize, Vec<Protocol>, bool);
+
+/// A planned execution tree kept for the scenarios that share its steps, with those steps
+/// (held, so their address is not reused) and its trajectories as planned.
+type SharedTree = (
+    Arc<Vec<trellis_dsl::Step>>,
+    Arc<Vec<ExecNode>>,
+    Vec<PlannedTrajectory>,
+);
 
 /// A segment's steps as the executor runs them, and what keeps them from running.
 struct CompiledSegment {

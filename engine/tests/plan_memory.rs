@@ -6,6 +6,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use trellis_engine::plan::{Plan, Selection};
@@ -224,4 +225,63 @@ fn counting_what_cannot_run_keeps_no_plan() {
         counted_peak * 2 < whole_peak,
         "counting held {counted_peak} bytes, the whole plan {whole_peak}"
     );
+}
+
+/// A `for-each` scenario's instances share their steps (`dsl/src/model.rs`), and their plans
+/// share what the steps compile to: a row costs its own trajectories and scope, not a copy
+/// of the scenario's execution tree.
+#[test]
+fn a_datasets_instances_share_their_execution_tree() {
+    let _measuring = measuring();
+    const ROWS: usize = 20_000;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut csv = String::from("id,postal,item\n");
+    for i in 0..ROWS {
+        let _ = writeln!(csv, "o{i},V4T 0A7,duct cleaning");
+    }
+    std::fs::write(dir.path().join("rows.csv"), &csv).expect("dataset written");
+    let text = r##"
+agent "a" protocol="connexity" builtin="booking"
+dataset "rows" path="rows.csv"
+scenario "book" for-each="rows" {
+    agent "a"
+    row-id "{{ row.id }}"
+    user-context {
+        postal_code "{{ row.postal }}"
+    }
+    user "Hi, I'd like to book a {{ row.item }}."
+    expect reply contains="postal code"
+    user "It's {{ row.postal }}."
+    expect {
+        tool "check_service_area" zone="V4T0A7"
+        reply matches="(?i)available|serve"
+        latency max="2s"
+    }
+    branch "accepts" {
+        user "Tuesday works."
+        expect reply matches="(?i)booked|confirmed"
+    }
+    branch "declines" {
+        user "No thanks."
+        expect reply not-contains="booked"
+    }
+    criteria {
+        tool "create_booking" called=#false
+        turns max=8
+    }
+}
+"##;
+    let path = dir.path().join("ds.kdl");
+    std::fs::write(&path, text).expect("suite written");
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|e| panic!("{}", e.render_plain()));
+    let (plan, peak) = peak_during(|| Plan::build(&project, &Selection::default()).expect("plan"));
+    assert_eq!(plan.trajectory_count(), 2 * ROWS as u64);
+    let per_row = peak / ROWS;
+    eprintln!("dataset: {peak} bytes for {ROWS} rows ({per_row} per row)");
+    // 5,965 bytes when each instance compiled its own execution tree and checks.
+    assert!(per_row < 1_500, "planning held {per_row} bytes per row");
+    let (first, second) = (&plan.scenarios[0], &plan.scenarios[1]);
+    assert!(Arc::ptr_eq(&first.nodes, &second.nodes));
+    assert!(Arc::ptr_eq(&first.criteria, &second.criteria));
 }

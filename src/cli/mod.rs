@@ -910,7 +910,7 @@ fn list(args: &ListArgs) -> u8 {
             let prints = fingerprinter.scenario(&s.scenario);
             console::outln!("  fingerprint: {}  setup {}", prints.scenario, prints.setup);
             // In tree order, root first.
-            for node in &s.nodes {
+            for node in s.nodes.iter() {
                 if let Some(print) = prints.nodes.get(&node.id) {
                     console::outln!("  node {}: {print}", node.id);
                 }

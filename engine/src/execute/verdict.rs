@@ -197,7 +197,7 @@ impl Unit<'_> {
                 }
             }));
         }
-        for c in &self.scenario.criteria {
+        for c in self.scenario.criteria.iter() {
             criteria.push(match (&not_checked, &fault) {
                 // The fault that stopped the trajectory is exactly what `no-error` looks
                 // for: its answer is known, so it fails rather than going unchecked.
