@@ -22,6 +22,7 @@ pub const DECLARATIONS: &[&str] = &[
     "panel",
     "simulator",
     "scenario",
+    "dataset",
 ];
 
 /// The spec of each node of `chain` (top level first); `None` from the first node the

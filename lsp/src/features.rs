@@ -571,6 +571,7 @@ fn symbol(node: &Node, view: &FileView, depth: usize) -> Option<DocumentSymbol> 
         "tool" => SymbolKind::FUNCTION,
         "persona" | "provider" | "judge" | "panel" | "simulator" => SymbolKind::OBJECT,
         "include" => SymbolKind::FILE,
+        "dataset" => SymbolKind::ARRAY,
         _ => return None,
     };
     let name = node

@@ -1346,3 +1346,87 @@ fn an_agents_block_is_offered_only_what_it_can_still_take() {
         assert!(labels.iter().any(|l| l == offered), "{offered}: {labels:?}");
     }
 }
+
+/// A dataset id is an id like the others: `for-each="` completes the project's datasets,
+/// jumps to the `dataset` node and back, renames with its uses, and is in the outline.
+#[test]
+fn dataset_ids_complete_navigate_rename_and_outline() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("orders.csv"), "id,q\nA1,hi\n").expect("written");
+    std::fs::write(
+        dir.path().join("data.kdl"),
+        "dataset \"orders\" path=\"orders.csv\"\ndataset \"refunds\" path=\"orders.csv\"\n",
+    )
+    .expect("written");
+    let suite = "agent \"bot\" protocol=\"connexity\" builtin=\"booking\"\n\
+                 scenario \"ask\" for-each=\"orders\" {\n    row-id \"{{ row.id }}\"\n    \
+                 user \"{{ row.q }}\"\n}\n\
+                 scenario \"more\" for-each=\"orders\" {\n    user \"{{ row.q }}\"\n}\n";
+    std::fs::write(dir.path().join("s.kdl"), suite).expect("written");
+    let value = suite
+        .lines()
+        .nth(1)
+        .expect("line")
+        .find("orders")
+        .expect("id") as u64;
+    let steps = serde_json::json!([
+        {"do": "open", "file": "s.kdl"},
+        {"do": "complete", "file": "s.kdl", "line": 1, "character": value},
+        {"do": "definition", "file": "s.kdl", "line": 1, "character": value + 1},
+        {"do": "references", "file": "data.kdl", "line": 0, "character": 10},
+        {"do": "hover", "file": "s.kdl", "line": 1, "character": value + 1},
+        {"do": "symbols", "file": "data.kdl"},
+        {"do": "rename", "file": "data.kdl", "line": 0, "character": 10, "to": "cases"},
+    ]);
+    let out = session(dir.path(), steps);
+    let labels = &out[2]["labels"];
+    assert_eq!(
+        labels,
+        &serde_json::json!(["orders", "refunds"]),
+        "{}",
+        out[2]
+    );
+    assert_eq!(
+        out[3]["locations"],
+        serde_json::json!([{"file": "data.kdl", "line": 0, "character": 9}]),
+        "{}",
+        out[3]
+    );
+    // The declaration and both scenarios that run over it.
+    let refs: Vec<(String, u64)> = out[4]["locations"]
+        .as_array()
+        .expect("references")
+        .iter()
+        .map(|l| {
+            (
+                l["file"].as_str().unwrap_or("").to_owned(),
+                l["line"].as_u64().unwrap_or(99),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        [
+            ("data.kdl".to_owned(), 0),
+            ("s.kdl".to_owned(), 1),
+            ("s.kdl".to_owned(), 5)
+        ],
+        "{}",
+        out[4]
+    );
+    let hover = out[5]["text"].as_str().unwrap_or_default();
+    assert!(hover.contains("dataset"), "{hover}");
+    let names: Vec<&str> = out[6]["symbols"]
+        .as_array()
+        .expect("symbols")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["orders", "refunds"], "{}", out[6]);
+    assert_eq!(
+        out[7]["edits"],
+        serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
+        "{}",
+        out[7]
+    );
+}

@@ -13,7 +13,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .args(&[ArgSpec::new("ID", ValueType::String, Repeat::One)])
     .props(&[PropSpec::new(
         "for-each",
-        ValueType::String,
+        ValueType::Ref("dataset"),
         "a `dataset` id: one scenario per row, `row` in template scope, ids `ID[ROW-ID]`",
     )])
     .children(Children::Nodes(&SCENARIO_CHILDREN))
