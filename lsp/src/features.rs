@@ -176,7 +176,8 @@ impl Server {
                 if let Some(open) = before.rfind("{{")
                     && !before[open..].contains("}}")
                 {
-                    items = template_items(&chain, &before[open + 2..]);
+                    let columns = self.row_columns(&path, &chain);
+                    items = template_items(&chain, &before[open + 2..], &columns);
                 } else {
                     let specs = analysis::specs_of(&chain, protocols);
                     if let (Some(spec), true) = (specs.last(), specs.len() == chain.len()) {
@@ -745,9 +746,64 @@ fn value_items(
     items
 }
 
+/// Rows read for their columns from a file that declares none (JSON): the columns of the
+/// first rows, not of a file of millions read at every keystroke.
+const ROWS_FOR_COLUMNS: usize = 200;
+
+impl Server {
+    /// The columns of the dataset the scenario `chain` is in runs over (`for-each`), as
+    /// `row.` offers them: the file's declared ones (a CSV header) or those of its first
+    /// rows. None when the dataset or its file cannot be found or read (`check` says why).
+    fn row_columns(&self, path: &Path, chain: &[&Node]) -> Vec<String> {
+        let Some(id) = chain
+            .iter()
+            .find(|n| n.name == "scenario")
+            .and_then(|s| s.setting("for-each"))
+        else {
+            return Vec::new();
+        };
+        let (views, index) = self.project_index(path);
+        let key = ("dataset".to_string(), id.text.clone());
+        let Some(def) = index.defs(&key).next() else {
+            return Vec::new();
+        };
+        let Some(file) = views
+            .get(&*def.file)
+            .and_then(|view| view.nodes.iter().find(|n| n.span == def.node))
+            .and_then(|node| node.setting("path"))
+            .map(|p| def.file.parent().unwrap_or(Path::new("/")).join(&p.text))
+        else {
+            return Vec::new();
+        };
+        let Ok(Some(reader)) = trellis_dsl::dataset::reader_for(&file) else {
+            return Vec::new();
+        };
+        if let Ok(Some(columns)) = reader.declared_columns(&file) {
+            return columns;
+        }
+        let mut columns: Vec<String> = Vec::new();
+        let mut rows = 0;
+        // A file that fails part way still gave the columns of the rows before.
+        let _ = reader.read(&file, &mut |_, fields| {
+            for k in fields.keys() {
+                if !columns.contains(k) {
+                    columns.push(k.clone());
+                }
+            }
+            rows += 1;
+            if rows < ROWS_FOR_COLUMNS {
+                std::ops::ControlFlow::Continue(())
+            } else {
+                std::ops::ControlFlow::Break(())
+            }
+        });
+        columns
+    }
+}
+
 /// Template variables in scope at a string of the scenario `chain` is in: `typed` is what
-/// the template holds so far after its `{{`.
-fn template_items(chain: &[&Node], typed: &str) -> Vec<CompletionItem> {
+/// the template holds so far after its `{{`; `columns`, those of its dataset's rows.
+fn template_items(chain: &[&Node], typed: &str, columns: &[String]) -> Vec<CompletionItem> {
     let typed = typed.trim_start();
     let scenario = chain.iter().find(|n| n.name == "scenario");
     let mut roots: Vec<(String, Vec<String>, &str)> = vec![
@@ -776,10 +832,9 @@ fn template_items(chain: &[&Node], typed: &str) -> Vec<CompletionItem> {
             "values captured by `capture`, and the `matrix` values of the instance",
         ));
         if s.setting("for-each").is_some() {
-            // Its columns are the dataset file's: the loader checks them (`check`).
             roots.push((
                 "row".into(),
-                Vec::new(),
+                columns.to_vec(),
                 "the dataset row this instance runs with (`for-each`)",
             ));
         }

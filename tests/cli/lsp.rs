@@ -1355,13 +1355,19 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
     std::fs::write(dir.path().join("orders.csv"), "id,q\nA1,hi\n").expect("written");
     std::fs::write(
         dir.path().join("data.kdl"),
-        "dataset \"orders\" path=\"orders.csv\"\ndataset \"refunds\" path=\"orders.csv\"\n",
+        "dataset \"orders\" path=\"orders.csv\"\ndataset \"refunds\" path=\"refunds.jsonl\"\n",
+    )
+    .expect("written");
+    std::fs::write(
+        dir.path().join("refunds.jsonl"),
+        "{\"text\": \"hi\"}\n{\"text\": \"ho\", \"lang\": \"en\"}\n",
     )
     .expect("written");
     let suite = "agent \"bot\" protocol=\"connexity\" builtin=\"booking\"\n\
                  scenario \"ask\" for-each=\"orders\" {\n    row-id \"{{ row.id }}\"\n    \
                  user \"{{ row.q }}\"\n}\n\
-                 scenario \"more\" for-each=\"orders\" {\n    user \"{{ row.q }}\"\n}\n";
+                 scenario \"more\" for-each=\"orders\" {\n    user \"{{ row.q }}\"\n}\n\
+                 scenario \"back\" for-each=\"refunds\" {\n    user \"{{ row.text }}\"\n}\n";
     std::fs::write(dir.path().join("s.kdl"), suite).expect("written");
     let value = suite
         .lines()
@@ -1376,6 +1382,9 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         {"do": "references", "file": "data.kdl", "line": 0, "character": 10},
         {"do": "hover", "file": "s.kdl", "line": 1, "character": value + 1},
         {"do": "symbols", "file": "data.kdl"},
+        // `row.` offers the dataset's columns: a CSV's header, a JSON Lines file's keys.
+        {"do": "complete", "file": "s.kdl", "line": 3, "character": 17},
+        {"do": "complete", "file": "s.kdl", "line": 9, "character": 17},
         {"do": "rename", "file": "data.kdl", "line": 0, "character": 10, "to": "cases"},
     ]);
     let out = session(dir.path(), steps);
@@ -1424,9 +1433,21 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         .collect();
     assert_eq!(names, ["orders", "refunds"], "{}", out[6]);
     assert_eq!(
-        out[7]["edits"],
-        serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
+        out[7]["labels"],
+        serde_json::json!(["id", "q"]),
         "{}",
         out[7]
+    );
+    assert_eq!(
+        out[8]["labels"],
+        serde_json::json!(["text", "lang"]),
+        "{}",
+        out[8]
+    );
+    assert_eq!(
+        out[9]["edits"],
+        serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
+        "{}",
+        out[9]
     );
 }
