@@ -214,7 +214,17 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // Held until the run is over: a second run into the same directory is refused.
     let claim = match &args.resume {
-        Some(dir) => super::recorder::claim_run_dir(dir),
+        // Another --out is no answer to a resume: the run to finish is in this directory.
+        Some(dir) => super::recorder::claim_run_dir(dir).map_err(|e| {
+            if e.starts_with("another trellis run is writing") {
+                format!(
+                    "another trellis run is writing to {}; resume it once that run has ended                      (stopped with Ctrl-C, it keeps what it finished)",
+                    dir.display()
+                )
+            } else {
+                e
+            }
+        }),
         None => super::recorder::claim_out_dir(&out, args.replace, true),
     };
     let _claim = match claim {

@@ -997,6 +997,13 @@ async fn resume_tells_apart_a_directory_in_use_an_empty_journal_and_no_journal()
         "{}",
         stderr(&o)
     );
+    // What to do is wait for that run, not write elsewhere: the run to finish is here.
+    assert!(
+        stderr(&o).contains("resume it once that run has ended"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("--out"), "{}", stderr(&o));
     running.kill().await.unwrap();
 
     let empty = dir.path().join("empty");
