@@ -415,7 +415,11 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         "skipped": totals.skipped,
         "invalid": totals.invalid,
     });
-    let summary = (!partial).then(|| finished(totals, &shards));
+    let ended = finished(totals, &shards);
+    // A partial merge's JSON end still says how long its shards took together and whether
+    // one was interrupted: it is not recorded as the run's end, but it is known.
+    let (ended_ms, ended_interrupted) = (ended.duration_ms, ended.interrupted);
+    let summary = (!partial).then_some(ended);
     if let Some(summary) = &summary {
         push(&Event::RunFinished(summary.clone()));
     }
@@ -493,6 +497,8 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
                     (line.as_object_mut(), merged_counts.as_object())
             {
                 line.extend(counts.clone());
+                line.insert("duration_ms".into(), serde_json::json!(ended_ms));
+                line.insert("interrupted".into(), serde_json::json!(ended_interrupted));
             }
             outln!("{line}");
         }

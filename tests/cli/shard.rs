@@ -922,6 +922,12 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
         .map(|k| last[k].as_u64().unwrap_or_else(|| panic!("{k}: {last}")))
         .sum();
     assert_eq!(counted, merged as u64, "{last}");
+    // How long the merged shards took, and whether one was cut short: known, not null.
+    assert!(
+        last["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{last}"
+    );
+    assert_eq!(last["interrupted"], false, "{last}");
 
     // Finished with --resume, it misses nothing any more, and says so.
     let resumed = trellis()
