@@ -36,6 +36,10 @@ pub struct TurnRecord {
     /// artifacts): what `reply json-path=…` and `capture json-path=…` read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
+    /// What the agent said of the turn besides its answer, as it sent it (a Connexity
+    /// answer's `metadata`: its trace URL, prompt version, …); read by no check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
     pub tool_calls: Vec<ToolCallRecord>,
     /// Milliseconds since the run started.
     pub started_ms: f64,

@@ -369,6 +369,7 @@ table!(
         trace_id: Vec<Option<String>>,
         span_id: Vec<Option<String>>,
         spans: Vec<u32>,
+        agent_metadata: Vec<Option<String>>,
     }
 );
 
@@ -797,9 +798,11 @@ impl Tables {
                 serde_json::to_string(&turn.messages).unwrap_or_else(|_| "[]".to_owned());
             let exchanges =
                 serde_json::to_string(&turn.exchanges).unwrap_or_else(|_| "[]".to_owned());
+            let agent_metadata = turn.metadata.as_ref().map(serde_json::Value::to_string);
             t.bytes += turn.user_message.len()
                 + opt_len(turn.reply.as_ref())
                 + opt_len(fault_message.as_ref())
+                + opt_len(agent_metadata.as_ref())
                 + messages.len()
                 + exchanges.len();
             t.schema_version.push(SCHEMA_VERSION);
@@ -855,6 +858,7 @@ impl Tables {
             t.span_id.push(turn.span_id.clone());
             t.spans
                 .push(u32::try_from(turn.spans.len()).unwrap_or(u32::MAX));
+            t.agent_metadata.push(agent_metadata);
             t.rows += 1;
             self.turns.row_done();
 

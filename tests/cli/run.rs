@@ -1368,3 +1368,66 @@ scenario "s" {
     );
     assert_eq!(faults, [Some("setup".to_string())]);
 }
+
+/// A Connexity answer's `metadata` (the agent's own trace URL, prompt version) is kept as
+/// sent: in the journal's turn and in `turns.parquet`'s `agent_metadata`; `{}` says nothing.
+#[tokio::test]
+async fn a_connexity_answers_metadata_is_kept_with_its_turn() {
+    use super::support::MisbehavingServer;
+    let with = serde_json::json!({
+        "messages": [{"role": "assistant", "content": "Hello! What is your postal code?"}],
+        "model": "gpt-4o",
+        "metadata": {"trace_url": "https://traces.example/t/42", "prompt_version": "v7"},
+    });
+    let empty = serde_json::json!({
+        "messages": [{"role": "assistant", "content": "Hello! What is your postal code?"}],
+        "metadata": {},
+    });
+    let tracing = MisbehavingServer::respond(200, with.to_string()).await;
+    let quiet = MisbehavingServer::respond(200, empty.to_string()).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("meta.kdl"),
+        format!(
+            "agent \"tracing\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"quiet\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"hi\" {{\n    agents \"tracing\" \"quiet\"\n    user \"hi\"\n    \
+             expect reply contains=\"postal code\"\n}}\n",
+            tracing.url(),
+            quiet.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let by_agent: std::collections::BTreeMap<String, Option<String>> = strings(&turns, "agent")
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .zip(strings(&turns, "agent_metadata"))
+        .collect();
+    let sent: serde_json::Value = serde_json::from_str(
+        by_agent["tracing"]
+            .as_deref()
+            .expect("the tracing agent's metadata"),
+    )
+    .unwrap();
+    assert_eq!(sent, with["metadata"]);
+    assert_eq!(by_agent["quiet"], None);
+    assert!(journal_text(&out).contains("https://traces.example/t/42"));
+    // And on the turn's line in the report, where someone debugging the agent looks.
+    let page = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        page.contains("metadata {&quot;prompt_version&quot;:&quot;v7&quot;,&quot;trace_url"),
+        "not in the report"
+    );
+    assert!(page.contains("traces.example"), "not in the report");
+}

@@ -348,6 +348,7 @@ fn record(
         reply: turn.reply,
         messages: turn.messages,
         data: turn.data,
+        metadata: turn.metadata,
         tool_calls: turn.tool_calls,
         started_ms,
         latency_ms: ms(latency),

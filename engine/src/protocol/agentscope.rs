@@ -243,6 +243,7 @@ impl Endpoint {
             spans_for_reuse: None,
             llm: Vec::new(),
             data: None,
+            metadata: None,
             unsent: false,
         }
     }

@@ -217,6 +217,7 @@ impl Session for ConnexitySession {
                     turn.tool_calls = reply.tool_calls;
                     turn.model = reply.model;
                     turn.provider = reply.provider;
+                    turn.metadata = reply.metadata;
                 }
                 Err(fault) => turn.fault = Some(fault),
             }
@@ -290,6 +291,9 @@ pub struct ParsedReply {
     pub usage: Option<Usage>,
     pub model: Option<String>,
     pub provider: Option<String>,
+    /// The answer's `metadata` (the agent's trace URL, prompt version, …) when it says
+    /// anything: recorded with the turn as sent, read by no check.
+    pub metadata: Option<Value>,
 }
 
 /// The request body: `{"messages": [...], "metadata": {"test_case_id", "turn_index"}}`.
@@ -337,6 +341,7 @@ pub fn parse_response(body: &[u8]) -> Result<ParsedReply, Fault> {
             wire.usage.as_ref(),
             optional_string(wire.model),
             optional_string(wire.provider),
+            wire.metadata,
         ) {
             Err(fault) => Err(as_reported(body, fault)),
             turn => turn,
@@ -447,6 +452,7 @@ fn parse_lenient(body: &[u8]) -> Result<ParsedReply, Fault> {
         usage.as_ref(),
         optional_string(root.remove("model")),
         optional_string(root.remove("provider")),
+        root.remove("metadata"),
     )
 }
 
@@ -456,6 +462,7 @@ fn finish_turn(
     usage: Option<&Value>,
     model: Option<String>,
     provider: Option<String>,
+    metadata: Option<Value>,
 ) -> Result<ParsedReply, Fault> {
     if !messages.iter().any(|m| m.role == "assistant") {
         return Err(protocol(
@@ -483,6 +490,9 @@ fn finish_turn(
         usage: usage.and_then(parse_usage),
         model,
         provider,
+        // `{}` and `null` (what most agents send) say nothing.
+        metadata: metadata
+            .filter(|m| !(m.is_null() || m.as_object().is_some_and(serde_json::Map::is_empty))),
     })
 }
 
@@ -498,6 +508,8 @@ struct WireResponse {
     model: Option<Value>,
     #[serde(default)]
     provider: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
 }
 
 #[derive(serde::Deserialize)]

@@ -290,6 +290,9 @@ pub struct Turn {
     /// Structured data the agent answered with besides text (an A2A task with its data
     /// parts and artifacts), read by `reply json-path=…` and `capture … json-path=…`.
     pub data: Option<serde_json::Value>,
+    /// What the agent said of the turn besides its answer, as it sent it (a Connexity
+    /// answer's `metadata`: trace URLs, prompt versions), for whoever reads the records.
+    pub metadata: Option<serde_json::Value>,
     /// The run's LLM budget refused the turn's next request (`--max-llm-calls`): the run is
     /// stopping, and the turn, cut short by Trellis and not by the agent, is not recorded.
     pub unsent: bool,

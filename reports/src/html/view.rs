@@ -105,6 +105,11 @@ pub(crate) fn keep_for_page(record: &mut NodeRecord) {
             shorten(reply);
         }
         turn.data = None;
+        // The page shows one line of it: kept as that line.
+        turn.metadata = turn
+            .metadata
+            .take()
+            .map(|m| serde_json::Value::String(metadata_line(&m)));
         for message in &mut turn.messages {
             if let Some(content) = &mut message.content {
                 shorten(content);
@@ -185,6 +190,15 @@ const MAX_HISTORY_SHOWN: usize = 12;
 
 /// A row field or history message as a scenario's facts show it: its first 200 characters,
 /// and how many more there were.
+/// The line a turn's agent `metadata` is shown as: its JSON on one line, clipped (a line
+/// already made, which [`keep_for_page`] keeps, as it is).
+fn metadata_line(metadata: &serde_json::Value) -> String {
+    match metadata {
+        serde_json::Value::String(line) => line.clone(),
+        other => clipped(&other.to_string()),
+    }
+}
+
 fn clipped(text: &str) -> String {
     match clip(text, 200) {
         (shown, 0) => shown.to_owned(),
@@ -2395,6 +2409,9 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
     }
     if turn.attempts > 1 {
         meta.push(format!("{} attempts", turn.attempts));
+    }
+    if let Some(metadata) = &turn.metadata {
+        meta.push(format!("metadata {}", metadata_line(metadata)));
     }
     // Who spoke first: the user, the agent (`opening`), a function call or a human answer.
     let opener = match (turn.kind.as_str(), &turn.function) {
