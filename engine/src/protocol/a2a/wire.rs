@@ -50,7 +50,21 @@ pub fn parse_card(body: &[u8]) -> Result<AgentCard, Fault> {
     };
     let (url, version) = match jsonrpc_url(card) {
         Some((url, version)) => (Some(url), version),
-        None => (None, Version::V03),
+        None => {
+            // A card that names its transports, none of them JSON-RPC (a v1.0 server
+            // serving only HTTP+JSON): the agent url is no endpoint for it either.
+            let offered = other_transports(card);
+            if !offered.is_empty() {
+                return Err(Fault::new(
+                    FaultCategory::Setup,
+                    format!(
+                        "the agent card offers no JSON-RPC interface, which is the binding                          Trellis speaks: it offers {}; serve the agent over JSON-RPC too                          (a2a-sdk: a JSON-RPC app beside the REST one, listed in                          `supportedInterfaces`)",
+                        offered.join(", ")
+                    ),
+                ));
+            }
+            (None, Version::V03)
+        }
     };
     let streaming = card
         .get("capabilities")
@@ -102,9 +116,37 @@ fn jsonrpc_url(card: &Map<String, Value>) -> Option<(String, Version)> {
             }
         }
     }
-    card.get("url")
-        .and_then(Value::as_str)
-        .map(|url| (url.to_owned(), card_version))
+    // A `url` whose transport is said to be another is not JSON-RPC's.
+    None
+}
+
+/// The transports other than JSON-RPC a card names, each as `TRANSPORT at URL`: its
+/// `preferredTransport` (at its `url`) and its interfaces'.
+fn other_transports(card: &Map<String, Value>) -> Vec<String> {
+    let mut offered = Vec::new();
+    let mut add = |transport: Option<&str>, url: Option<&str>| {
+        if let Some(t) = transport.filter(|t| !t.eq_ignore_ascii_case("JSONRPC")) {
+            offered.push(format!("{t} at {}", url.unwrap_or("its url")));
+        }
+    };
+    add(
+        card.get("preferredTransport").and_then(Value::as_str),
+        card.get("url").and_then(Value::as_str),
+    );
+    for key in ["additionalInterfaces", "supportedInterfaces"] {
+        if let Some(Value::Array(interfaces)) = card.get(key) {
+            for interface in interfaces {
+                add(
+                    interface
+                        .get("transport")
+                        .or_else(|| interface.get("protocolBinding"))
+                        .and_then(Value::as_str),
+                    interface.get("url").and_then(Value::as_str),
+                );
+            }
+        }
+    }
+    offered
 }
 
 /// The generation of the protocol an endpoint speaks.
@@ -966,5 +1008,22 @@ mod tests {
             parse_card(b"[]").unwrap_err().category,
             FaultCategory::Protocol
         );
+        // No JSON-RPC interface (a v1.0 server serving only REST, a card whose `url` is
+        // gRPC's): said, rather than JSON-RPC sent to the agent url as v0.3.
+        for card in [
+            &br#"{"name":"x","supportedInterfaces":[{"url":"http://h/api","protocolBinding":"HTTP+JSON","protocolVersion":"1.0"}]}"#[..],
+            br#"{"name":"x","url":"http://h:50051","preferredTransport":"GRPC"}"#,
+        ] {
+            let fault = parse_card(card).unwrap_err();
+            assert_eq!(fault.category, FaultCategory::Setup, "{fault:?}");
+            assert!(fault.message.contains("no JSON-RPC interface"), "{fault:?}");
+        }
+        let fault = parse_card(br#"{"name":"x","supportedInterfaces":[{"url":"http://h/api","protocolBinding":"HTTP+JSON"}]}"#).unwrap_err();
+        assert!(
+            fault.message.contains("HTTP+JSON at http://h/api"),
+            "{fault:?}"
+        );
+        // A card naming neither: the agent url, as before.
+        assert_eq!(parse_card(br#"{"name":"x"}"#).unwrap().url, None);
     }
 }
