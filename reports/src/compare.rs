@@ -1030,6 +1030,18 @@ where
 
 /// The verdict on a pass rate: see the module documentation.
 pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> RateChange {
+    judge_rate_sampled(base, head, (base, head), t)
+}
+
+/// [`judge_rate`] of the rates `base` and `head`, whose chance test is taken on `samples`
+/// instead: the independent samples those rates come from, when the rates count samples
+/// that are not (a run's trajectories, whose branches share their prefix's turns).
+fn judge_rate_sampled(
+    base: Option<Tally>,
+    head: Option<Tally>,
+    samples: (Option<Tally>, Option<Tally>),
+    t: &Thresholds,
+) -> RateChange {
     let (b, h) = match (base, head) {
         (Some(b), Some(h)) => (b, h),
         (None, _) => {
@@ -1061,12 +1073,13 @@ pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> R
         };
     };
     let delta = (head_rate - base_rate) * 100.0;
-    let repeated = b.samples > 1 || h.samples > 1;
+    let (tb, th) = (samples.0.unwrap_or(b), samples.1.unwrap_or(h));
+    let repeated = tb.samples > 1 || th.samples > 1;
     let table = [
-        b.passed,
-        b.samples - b.passed.min(b.samples),
-        h.passed,
-        h.samples - h.passed.min(h.samples),
+        tb.passed,
+        tb.samples - tb.passed.min(tb.samples),
+        th.passed,
+        th.samples - th.passed.min(th.samples),
     ];
     // Odds ratio above 1 when the base passes more often: that is a drop.
     let test = |alternative| {
@@ -1120,9 +1133,22 @@ fn run_metrics(
     latencies: Option<&TurnLatencies>,
 ) -> Vec<MetricChange> {
     let ran = |c: &StatusCounts| tally(c.passed, c.ran());
-    let rate = judge_rate(
+    // Tested on each scenario's repetitions, each once, as each scenario's rate is: a run's
+    // trajectories are not independent samples (a fork's branches share the turns before
+    // it, and one wrong answer there fails them all), and counted as such an unchanged flaky
+    // agent failed the gate about twice as often as `alpha` allows.
+    let repetitions = |run: &RunStats| {
+        run.scenarios.iter().fold(tally(0, 0), |sum, s| {
+            tally(
+                sum.passed + s.repeats.passed,
+                sum.samples + s.repeats.samples,
+            )
+        })
+    };
+    let rate = judge_rate_sampled(
         Some(ran(&base.aggregates.counts)),
         Some(ran(&head.aggregates.counts)),
+        (Some(repetitions(base)), Some(repetitions(head))),
         t,
     );
     let mut metrics = vec![MetricChange {
@@ -1816,6 +1842,68 @@ mod tests {
             None,
         );
         assert_eq!(c.criteria[0].rate.verdict, Verdict::Ungated);
+    }
+
+    /// A run's pass rate is tested on its scenarios' repetitions, each once: an unchanged
+    /// flaky agent whose fork's prefix fails sometimes fails both branches at once, and the
+    /// trajectories counted as 18 independent samples called 14/18 → 8/18 a regression
+    /// (p 0.043) where the scenario's own rows said noise.
+    #[test]
+    fn the_runs_pass_rate_is_tested_on_repetitions_not_on_shared_branches() {
+        let run = |book_reps: u64, quote_reps: u64| {
+            let mut run = RunStats::default();
+            run.aggregates.finished = true;
+            let scenario = |name: &str, branches: u64, passed: u64| {
+                let counts = crate::stats::StatusCounts {
+                    trajectories: 6 * branches,
+                    passed: passed * branches,
+                    failed: (6 - passed) * branches,
+                    ..Default::default()
+                };
+                crate::stats::ScenarioStats {
+                    suite: "s".into(),
+                    scenario: name.into(),
+                    agent: "a".into(),
+                    counts,
+                    repeats: crate::stats::Repeats::from_counts(6, passed, 0),
+                    latency: Default::default(),
+                    skip_reason: None,
+                    first_fault: None,
+                }
+            };
+            run.scenarios = vec![
+                scenario("book", 2, book_reps),
+                scenario("quote", 1, quote_reps),
+            ];
+            for s in &run.scenarios {
+                run.aggregates.counts.trajectories += s.counts.trajectories;
+                run.aggregates.counts.passed += s.counts.passed;
+                run.aggregates.counts.failed += s.counts.failed;
+            }
+            run.aggregates.planned = run.aggregates.counts.trajectories;
+            run
+        };
+        // 14/18 → 8/18 trajectories: 4/6 → 1/6 of book (two branches each), 6/6 → 6/6 of
+        // quote. As repetitions, 10/12 → 7/12: within chance.
+        let metrics = run_metrics(&run(4, 6), &run(1, 6), &Thresholds::default(), false, None);
+        let rate = metrics
+            .iter()
+            .find(|m| m.metric == "pass_rate")
+            .expect("pass rate");
+        assert_eq!(rate.verdict, Verdict::Noise, "{rate:?}");
+        assert!(rate.p_value.is_some_and(|p| p > 0.05), "{rate:?}");
+        // What the rows show is still the trajectories' rate: 14/18 → 8/18.
+        assert!(
+            rate.delta.is_some_and(|d| (d + 6.0 / 18.0).abs() < 1e-9),
+            "{rate:?}"
+        );
+        // A real drop is still one: every repetition failing.
+        let metrics = run_metrics(&run(6, 6), &run(0, 0), &Thresholds::default(), false, None);
+        let rate = metrics
+            .iter()
+            .find(|m| m.metric == "pass_rate")
+            .expect("pass rate");
+        assert_eq!(rate.verdict, Verdict::Regressed, "{rate:?}");
     }
 
     /// Runs of no suite in common compared nothing: that fails, where it passed. Another
