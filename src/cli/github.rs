@@ -446,20 +446,46 @@ fn visible<'a>(text: &'a str, kept: &[char]) -> std::borrow::Cow<'a, str> {
 }
 
 /// Text in a Markdown line: on one line, with what would start markup or HTML escaped.
+/// The code spans it quotes (`` `check_service_area` ``) are kept as spans, their text as
+/// it is: escapes do not apply inside one, and `check\_service\_area` showed the
+/// backslashes. A backtick that closes no span is escaped.
 fn markdown(text: &str) -> String {
     let text = visible(text, &['\n', '\r']);
+    let pieces: Vec<&str> = text.split('`').collect();
     let mut out = String::with_capacity(text.len());
-    for ch in text.chars() {
-        match ch {
-            '\n' | '\r' => out.push(' '),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '\\' | '*' | '_' | '[' | ']' | '|' | '#' => {
-                out.push('\\');
-                out.push(ch);
+    // Odd pieces are between two backticks; the last is not when it has no closing one,
+    // and an empty one would make its two backticks one span's opening.
+    let spanned = |j: usize| j % 2 == 1 && j + 1 < pieces.len() && !pieces[j].is_empty();
+    for (i, piece) in pieces.iter().enumerate() {
+        // The backtick before piece `i` opens it (odd `i`) or closes the piece before.
+        if i > 0 {
+            let delimits = if i % 2 == 1 {
+                spanned(i)
+            } else {
+                spanned(i - 1)
+            };
+            out.push_str(if delimits { "`" } else { "\\`" });
+        }
+        if spanned(i) {
+            out.extend(
+                piece
+                    .chars()
+                    .map(|c| if matches!(c, '\n' | '\r') { ' ' } else { c }),
+            );
+            continue;
+        }
+        for ch in piece.chars() {
+            match ch {
+                '\n' | '\r' => out.push(' '),
+                '<' => out.push_str("&lt;"),
+                '>' => out.push_str("&gt;"),
+                '&' => out.push_str("&amp;"),
+                '\\' | '*' | '_' | '[' | ']' | '|' | '#' => {
+                    out.push('\\');
+                    out.push(ch);
+                }
+                c => out.push(c),
             }
-            c => out.push(c),
         }
     }
     out
@@ -474,6 +500,15 @@ mod tests {
         assert_eq!(data("50% done\nnext\r"), "50%25 done%0Anext%0D");
         assert_eq!(property("a:b,c%"), "a%3Ab%2Cc%25");
         assert_eq!(markdown("a|b *c* <x>\nd"), "a\\|b \\*c\\* &lt;x&gt; d");
+        // A code span's text is as it is (escapes do not apply in one); a backtick that
+        // closes none is escaped, and what follows it is escaped as text.
+        assert_eq!(
+            markdown("check_a `tool \"check_area\"`: `<b>` was called"),
+            "check\\_a `tool \"check_area\"`: `<b>` was called"
+        );
+        assert_eq!(markdown("a `b_c"), "a \\`b\\_c");
+        assert_eq!(markdown("a `` <b>"), "a \\`\\` &lt;b&gt;");
+        assert_eq!(markdown("`x`_`<y>"), "`x`\\_\\`&lt;y&gt;");
         // An agent's bytes: escapes, a terminal title, a NUL, written visibly.
         let hostile = "\u{1b}[31mred\u{1b}]0;pwned\u{7}\0end";
         for shown in [data(hostile), markdown(hostile), code(hostile)] {
