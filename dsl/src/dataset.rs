@@ -497,12 +497,14 @@ fn csv_value(text: &str) -> Value {
         return Value::from(i);
     }
     // A float has a point or an exponent: `-0`, which reads back as itself, would be
-    // written `-0.0`.
+    // written `-0.0`. It reads back as JSON writes it (and templates show it): `10.0`, as
+    // polars and pandas write a whole float, is a number (Rust's own `10` for it made it
+    // text beside the column's `11.25`, and `{{ row.amount > 20 }}` compared text).
     if let Ok(f) = text.parse::<f64>()
         && f.is_finite()
         && text.contains(['.', 'e', 'E'])
-        && f.to_string() == text
         && let Some(n) = serde_json::Number::from_f64(f)
+        && n.to_string() == text
     {
         return Value::Number(n);
     }
@@ -911,6 +913,10 @@ mod tests {
         assert_eq!(csv_value(""), Value::from(""));
         assert_eq!(csv_value("NaN"), Value::from("NaN"));
         assert_eq!(csv_value("-0"), Value::from("-0"));
+        // A whole float as polars and pandas write it, beside the column's others.
+        assert_eq!(csv_value("10.0"), Value::from(10.0));
+        assert_eq!(csv_value("11.25"), Value::from(11.25));
+        assert_eq!(csv_value("10.00"), Value::from("10.00"));
     }
 
     #[test]
