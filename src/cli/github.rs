@@ -383,6 +383,10 @@ fn gate_note(rate: &trellis_reports::compare::RateChange) -> Option<String> {
     match rate.verdict {
         Verdict::Unchanged => Some(format!("as in the baseline: {change}")),
         Verdict::Improved => Some(format!("better than the baseline: {change}")),
+        // Noise either way: a rise the test cannot tell from chance is noise too.
+        Verdict::Noise if rate.delta_points.is_some_and(|d| d > 0.0) => Some(format!(
+            "better than the baseline, but within chance: {change}"
+        )),
         Verdict::Noise => Some(format!(
             "worse than the baseline, but within chance: {change}"
         )),
@@ -494,6 +498,35 @@ fn markdown(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rise too small to tell from chance is noise too: said as better, not as worse.
+    #[test]
+    fn a_gate_note_says_which_way_a_change_within_chance_went() {
+        use trellis_reports::compare::{RateChange, Tally};
+        let rate = |base: u64, head: u64| RateChange {
+            base: Some(Tally {
+                passed: base,
+                samples: 3,
+            }),
+            head: Some(Tally {
+                passed: head,
+                samples: 3,
+            }),
+            delta_points: Some((head as f64 - base as f64) * 100.0 / 3.0),
+            p_value: Some(0.5),
+            verdict: Verdict::Noise,
+        };
+        let up = gate_note(&rate(1, 2)).unwrap_or_default();
+        assert!(
+            up.starts_with("better than the baseline, but within chance"),
+            "{up}"
+        );
+        let down = gate_note(&rate(3, 2)).unwrap_or_default();
+        assert!(
+            down.starts_with("worse than the baseline, but within chance"),
+            "{down}"
+        );
+    }
 
     #[test]
     fn workflow_command_values_are_escaped_as_the_runner_reads_them() {
