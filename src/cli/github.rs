@@ -233,6 +233,31 @@ fn annotations(
                     data(&what)
                 ));
             }
+            // Worse than the baseline by too little to tell from chance: it passes the gate,
+            // and a warning on the pull request says so, where only the job summary did (a
+            // scenario flaky enough to fail half the time can fall short of the test at a
+            // low `repeat`).
+            for s in c
+                .scenarios
+                .iter()
+                .filter(|s| {
+                    s.rate.verdict == Verdict::Noise && s.rate.delta_points.is_some_and(|d| d < 0.0)
+                })
+                .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
+            {
+                lines.push(format!(
+                    "::warning {}title={}::{}",
+                    place(&s.suite, &s.scenario),
+                    property(&format!(
+                        "{}/{} [{}] worse (within chance)",
+                        s.suite, s.scenario, s.agent
+                    )),
+                    data(&format!(
+                        "{}; a higher `repeat` tells a real drop from chance",
+                        gate_note(&s.rate).unwrap_or_default()
+                    ))
+                ));
+            }
         }
         None => {
             for s in stats

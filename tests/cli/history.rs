@@ -2790,3 +2790,61 @@ async fn a_directory_that_is_not_a_run_is_said_to_be_one() {
         stderr(&o)
     );
 }
+
+/// A scenario worse than the baseline by too little to tell from chance passes the gate;
+/// in a GitHub workflow a warning on the pull request says so (only the job summary did).
+#[tokio::test]
+async fn a_drop_within_chance_is_a_github_warning_not_a_silent_pass() {
+    use super::support::{Behavior, MisbehavingServer, OK_BODY};
+    let sorry = r#"{"messages":[{"role":"assistant","content":"Sorry, I cannot."}]}"#.to_owned();
+    let ok = (200, OK_BODY.to_owned());
+    // The base's three answers, then the head's: one of them wrong.
+    let server = MisbehavingServer::start(Behavior::Sequence(vec![
+        ok.clone(),
+        ok.clone(),
+        ok.clone(),
+        ok.clone(),
+        (200, sorry),
+        ok,
+    ]))
+    .await;
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("s.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"greets\" {{\n    repeat 3\n    user \"hi\"\n    \
+             expect reply contains=\"Hello\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .current_dir(work.path())
+            .args(["run", "s.kdl", "--jobs", "1", "--out"])
+            .arg(work.path().join("runs").join(name))
+            .args(extra)
+            .env("GITHUB_ACTIONS", "true");
+        command.output()
+    };
+    let o = run("base", &[]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run("head", &["--baseline", "base"]).await.unwrap();
+    // 3/3 → 2/3 is within chance (p 0.5): the gate passes.
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(!text.contains("::error"), "{text}");
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("::warning"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains("title=s/greets [a] worse (within chance)::worse than the baseline"),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[0].contains("3/3 → 2/3"), "{}", warnings[0]);
+}
