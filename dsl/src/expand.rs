@@ -236,7 +236,18 @@ fn read_one(
         let Some(f) = &filter else { return Ok(true) };
         let ctx = minijinja::context! { row => dataset::RowObject::value(fields) };
         let result = match f {
-            Filter::Expr(e) => e.eval(ctx).map(|v| Ok(v.is_true())),
+            // A text's truth is only whether it is empty: `{{ row.status }}` kept every row
+            // with a status, surely meant as a comparison.
+            Filter::Expr(e) => e.eval(ctx).map(|v| {
+                if v.kind() == minijinja::value::ValueKind::String {
+                    Err(format!(
+                        "the filter gave the text `{v}`, not true or false: compare it \
+                         (`row.status == 'open'`)"
+                    ))
+                } else {
+                    Ok(v.is_true())
+                }
+            }),
             Filter::Text(t) => t.render(ctx).map(|text| match text.trim() {
                 t if t.eq_ignore_ascii_case("true") => Ok(true),
                 t if t.eq_ignore_ascii_case("false") || t.is_empty() => Ok(false),

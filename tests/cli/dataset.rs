@@ -2592,3 +2592,27 @@ async fn a_shared_header_reads_row_behind_is_defined() {
         stderr(&o)
     );
 }
+
+/// A filter whose expression gives text (`{{ row.status }}`) kept every row with a status,
+/// its truth being only whether it is empty: an error naming the row, with the fix.
+#[tokio::test]
+async fn a_filter_that_gives_text_is_an_error_not_a_truth() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.csv\" filter=\"{{{{ row.status }}}}\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.csv", b"id,status\n1,closed\n2,open\n")]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("the filter gave the text `closed`, not true or false"),
+        "{err}"
+    );
+    assert!(err.contains("row 1"), "{err}");
+}
