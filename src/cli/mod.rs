@@ -1068,16 +1068,13 @@ fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, Stri
     }
     // The run being reported on is still being written: what to wait for is that run, not
     // this report's --out.
-    let mut claims = vec![recorder::claim_run_dir(dir).map_err(|e| {
-        if e.starts_with("another trellis run is writing") {
-            format!(
-                "{} is in use by another trellis command (the run recording it, or a report \
-                 of it); report it once that has ended",
-                dir.display()
-            )
-        } else {
-            e
-        }
+    let mut claims = vec![recorder::claim_run_dir(dir).map_err(|e| match e {
+        recorder::ClaimError::Busy(_) => format!(
+            "{} is in use by another trellis command (the run recording it, or a report \
+             of it); report it once that has ended",
+            dir.display()
+        ),
+        other => other.to_string(),
     })?];
     if !history::same_dir(dir, out) {
         if history::is_run_dir(out) {
@@ -1093,7 +1090,7 @@ fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, Stri
             }
         }
         if out.is_dir() {
-            claims.push(recorder::claim_run_dir(out)?);
+            claims.push(recorder::claim_run_dir(out).map_err(|e| e.to_string())?);
         }
     }
     Ok(claims)

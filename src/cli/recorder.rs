@@ -54,7 +54,7 @@ pub(super) fn claim_out_dir(
             out.display()
         )
     })?;
-    let claim = lock(out)?;
+    let claim = lock(out).map_err(|e| e.to_string())?;
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
     let Some(journal) = trellis_engine::journal::find(out) else {
@@ -109,17 +109,37 @@ pub(super) fn claim_out_dir(
     Ok(claim)
 }
 
+/// Why a directory could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ClaimError {
+    /// Another trellis process holds its lock: what to do is the caller's to say (wait and
+    /// choose another `--out`, or wait and resume).
+    #[error(
+        "another trellis run is writing to {}; wait for it to finish or choose another --out",
+        .0.display()
+    )]
+    Busy(PathBuf),
+    #[error("{0}")]
+    Other(String),
+}
+
 /// Claims the directory of a run to resume: only the lock, which refuses a run that is
 /// still writing there (its journal is the point).
-pub(super) fn claim_run_dir(dir: &Path) -> Result<OutClaim, String> {
+pub(super) fn claim_run_dir(dir: &Path) -> Result<OutClaim, ClaimError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => lock(dir),
-        Ok(_) => Err(format!("{} is not a run directory", dir.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+        Ok(_) => Err(ClaimError::Other(format!(
+            "{} is not a run directory",
+            dir.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ClaimError::Other(format!(
             "{} does not exist: there is no run to resume there",
             dir.display()
-        )),
-        Err(e) => Err(format!("cannot resume {}: {e}", dir.display())),
+        ))),
+        Err(e) => Err(ClaimError::Other(format!(
+            "cannot resume {}: {e}",
+            dir.display()
+        ))),
     }
 }
 
@@ -129,32 +149,29 @@ pub(super) fn claim_run_dir(dir: &Path) -> Result<OutClaim, String> {
 pub(super) fn claim_watch_dir(latest: &Path) -> Result<OutClaim, String> {
     std::fs::create_dir_all(latest)
         .map_err(|e| format!("cannot create {}: {e}", latest.display()))?;
-    lock(latest).map_err(|_| {
-        format!(
+    lock(latest).map_err(|e| match e {
+        ClaimError::Busy(_) => format!(
             "another trellis is writing to {} (a `trellis watch` of the same --out?); stop it \
              or give this one another --out",
             latest.display()
-        )
+        ),
+        ClaimError::Other(why) => why,
     })
 }
 
 /// Takes `out`'s lock file, refusing when another trellis holds it.
-fn lock(out: &Path) -> Result<OutClaim, String> {
+fn lock(out: &Path) -> Result<OutClaim, ClaimError> {
     let lock_path = out.join(OUT_LOCK);
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|e| format!("cannot create {}: {e}", lock_path.display()))?;
+        .map_err(|e| ClaimError::Other(format!("cannot create {}: {e}", lock_path.display())))?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(format!(
-                "another trellis run is writing to {}; wait for it to finish or choose \
-                 another --out",
-                out.display()
-            ));
+            return Err(ClaimError::Busy(out.to_path_buf()));
         }
         // A filesystem without file locks (some network mounts) cannot tell: the run goes
         // on unguarded rather than not at all.

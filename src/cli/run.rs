@@ -215,15 +215,13 @@ pub fn run(args: RunArgs) -> u8 {
     // Held until the run is over: a second run into the same directory is refused.
     let claim = match &args.resume {
         // Another --out is no answer to a resume: the run to finish is in this directory.
-        Some(dir) => super::recorder::claim_run_dir(dir).map_err(|e| {
-            if e.starts_with("another trellis run is writing") {
-                format!(
-                    "another trellis run is writing to {}; resume it once that run has ended                      (stopped with Ctrl-C, it keeps what it finished)",
-                    dir.display()
-                )
-            } else {
-                e
-            }
+        Some(dir) => super::recorder::claim_run_dir(dir).map_err(|e| match e {
+            super::recorder::ClaimError::Busy(_) => format!(
+                "another trellis run is writing to {}; resume it once that run has ended \
+                 (stopped with Ctrl-C, it keeps what it finished)",
+                dir.display()
+            ),
+            other => other.to_string(),
         }),
         None => super::recorder::claim_out_dir(&out, args.replace, true),
     };

@@ -1004,6 +1004,7 @@ async fn resume_tells_apart_a_directory_in_use_an_empty_journal_and_no_journal()
         stderr(&o)
     );
     assert!(!stderr(&o).contains("--out"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("ended  "), "{}", stderr(&o));
     running.kill().await.unwrap();
 
     let empty = dir.path().join("empty");

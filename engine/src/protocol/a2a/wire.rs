@@ -58,7 +58,10 @@ pub fn parse_card(body: &[u8]) -> Result<AgentCard, Fault> {
                 return Err(Fault::new(
                     FaultCategory::Setup,
                     format!(
-                        "the agent card offers no JSON-RPC interface, which is the binding                          Trellis speaks: it offers {}; serve the agent over JSON-RPC too                          (a2a-sdk: a JSON-RPC app beside the REST one, listed in                          `supportedInterfaces`)",
+                        "the agent card offers no JSON-RPC interface, which is the binding \
+                         Trellis speaks: it offers {}; serve the agent over JSON-RPC too \
+                         (a2a-sdk: a JSON-RPC app beside the REST one, listed in \
+                         `supportedInterfaces`)",
                         offered.join(", ")
                     ),
                 ));
@@ -1017,6 +1020,7 @@ mod tests {
             let fault = parse_card(card).unwrap_err();
             assert_eq!(fault.category, FaultCategory::Setup, "{fault:?}");
             assert!(fault.message.contains("no JSON-RPC interface"), "{fault:?}");
+            assert!(!fault.message.contains("  "), "{fault:?}");
         }
         let fault = parse_card(br#"{"name":"x","supportedInterfaces":[{"url":"http://h/api","protocolBinding":"HTTP+JSON"}]}"#).unwrap_err();
         assert!(
