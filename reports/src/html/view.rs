@@ -109,7 +109,7 @@ pub(crate) fn keep_for_page(record: &mut NodeRecord) {
         turn.metadata = turn
             .metadata
             .take()
-            .map(|m| serde_json::Value::String(metadata_line(&m)));
+            .map(|m| serde_json::Value::String(metadata_line(&m, METADATA_CHARS)));
         for message in &mut turn.messages {
             if let Some(content) = &mut message.content {
                 shorten(content);
@@ -188,19 +188,29 @@ fn history_text(message: &serde_json::Value) -> String {
 /// Messages of a scenario's `history` shown with it; the earlier ones are counted.
 const MAX_HISTORY_SHOWN: usize = 12;
 
-/// A row field or history message as a scenario's facts show it: its first 200 characters,
-/// and how many more there were.
-/// The line a turn's agent `metadata` is shown as: its JSON on one line, clipped (a line
-/// already made, which [`keep_for_page`] keeps, as it is).
-fn metadata_line(metadata: &serde_json::Value) -> String {
+/// Characters of a turn's agent `metadata` a record kept for the page holds.
+const METADATA_CHARS: usize = 200;
+
+/// The line a turn's agent `metadata` is shown as: the text it sent, or its JSON on one
+/// line, clipped to `max` characters and the count of the rest. [`keep_for_page`] keeps
+/// this line (at [`METADATA_CHARS`]), which the page then shows whole: it clips at a few
+/// characters more, room for that count.
+fn metadata_line(metadata: &serde_json::Value, max: usize) -> String {
     match metadata {
-        serde_json::Value::String(line) => line.clone(),
-        other => clipped(&other.to_string()),
+        serde_json::Value::String(text) => clipped_to(text, max),
+        other => clipped_to(&other.to_string(), max),
     }
 }
 
+/// A row field or history message as a scenario's facts show it: its first 200 characters,
+/// and how many more there were.
 fn clipped(text: &str) -> String {
-    match clip(text, 200) {
+    clipped_to(text, 200)
+}
+
+/// `text`'s first `max` characters, and how many more there were.
+fn clipped_to(text: &str, max: usize) -> String {
+    match clip(text, max) {
         (shown, 0) => shown.to_owned(),
         (shown, cut) => format!("{shown}… ({cut} more characters)"),
     }
@@ -2411,7 +2421,10 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
         meta.push(format!("{} attempts", turn.attempts));
     }
     if let Some(metadata) = &turn.metadata {
-        meta.push(format!("metadata {}", metadata_line(metadata)));
+        meta.push(format!(
+            "metadata {}",
+            metadata_line(metadata, METADATA_CHARS + 40)
+        ));
     }
     // Who spoke first: the user, the agent (`opening`), a function call or a human answer.
     let opener = match (turn.kind.as_str(), &turn.function) {
@@ -2553,6 +2566,41 @@ mod tests {
         assert_eq!(t.text.len(), MAX_TEXT_CHARS_PAST_BUDGET);
         assert_eq!(t.cut, big.len() - MAX_TEXT_CHARS_PAST_BUDGET);
         TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+    }
+
+    /// A turn's agent metadata is kept as its line, clipped once: a string the agent sent
+    /// is clipped as its JSON would be, and the page shows the kept line whole.
+    #[test]
+    fn agent_metadata_is_kept_as_one_clipped_line() {
+        for sent in [
+            serde_json::json!("x".repeat(5_000)),
+            serde_json::json!({ "trace": "y".repeat(5_000) }),
+        ] {
+            let mut record = NodeRecord {
+                suite: "s".into(),
+                scenario: "c".into(),
+                agent: "a".into(),
+                repetition: 0,
+                node: "start".into(),
+                parent: None,
+                turns: vec![std::sync::Arc::new(TurnRecord {
+                    metadata: Some(sent),
+                    ..Default::default()
+                })],
+            };
+            keep_for_page(&mut record);
+            let kept = record.turns[0].metadata.clone().unwrap_or_default();
+            let line = kept.as_str().unwrap_or_default();
+            assert!(line.chars().count() < METADATA_CHARS + 40, "{line}");
+            assert!(line.ends_with(" more characters)"), "{line}");
+            let view = turn_view(&record.turns[0], &[], None);
+            let shown = view
+                .meta
+                .iter()
+                .find(|m| m.starts_with("metadata "))
+                .unwrap();
+            assert_eq!(shown, &format!("metadata {line}"));
+        }
     }
 
     /// A transcript's record is kept at what the page can show of it, and the page still
