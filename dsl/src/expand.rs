@@ -1249,12 +1249,13 @@ fn render_judged(
     row: Option<&dataset::Fields>,
     vars: &serde_json::Map<String, Value>,
 ) -> Vec<String> {
-    let text = |source: &mut String| -> Result<(), String> {
-        if source.contains("{{") || source.contains("{%") {
-            // A statement that reads more than the instance's `row` and `vars` (its
-            // `user_context`, `persona`, a capture…) is rendered at run time, in the scope
-            // of the trajectory, with the row and matrix values too.
-            let only_instance = env.template_from_str(source).is_ok_and(|t| {
+    // Whether `source` is a template the instance renders now. One that reads more than
+    // the instance's `row` and `vars` (its `user_context`, `persona`, a capture…) is
+    // rendered at run time, in the scope of the trajectory, with the row and matrix values
+    // too.
+    let renders = |source: &str| {
+        (source.contains("{{") || source.contains("{%"))
+            && env.template_from_str(source).is_ok_and(|t| {
                 t.undeclared_variables(true).iter().all(|var| {
                     let mut parts = var.splitn(3, '.');
                     match (parts.next(), parts.next()) {
@@ -1263,10 +1264,10 @@ fn render_judged(
                         _ => false,
                     }
                 })
-            });
-            if !only_instance {
-                return Ok(());
-            }
+            })
+    };
+    let text = |source: &mut String| -> Result<(), String> {
+        if renders(source) {
             // A null inside the text (`the agent answered {{ row.msg }}`) rendered as
             // `none`, and the judge was asked about it: each expression is looked at (not
             // in a `{% %}` block, whose loop variables are not the row's).
@@ -1355,14 +1356,14 @@ fn render_judged(
     }
     // The instances share the scenario's steps and criteria (model.rs): copied only for
     // an instance with a judged text to render in them.
-    if sc.criteria.iter().any(judged_template) {
+    if sc.criteria.iter().any(|c| judged_template(c, &renders)) {
         criteria(
             Arc::make_mut(&mut sc.criteria).as_mut_slice(),
             &text,
             &mut problems,
         );
     }
-    if steps_judged_template(&sc.steps) {
+    if steps_judged_template(&sc.steps, &renders) {
         steps(
             Arc::make_mut(&mut sc.steps).as_mut_slice(),
             &text,
@@ -1373,25 +1374,26 @@ fn render_judged(
 }
 
 /// Whether `c` is a `judge` or `outcome` check whose statement, rubric or text is a
-/// template, which [`render_judged`] renders per instance.
-fn judged_template(c: &Criterion) -> bool {
-    let templated = |t: &str| t.contains("{{") || t.contains("{%");
+/// template [`render_judged`] renders per instance (`renders` says which are).
+fn judged_template(c: &Criterion, renders: &dyn Fn(&str) -> bool) -> bool {
     match &c.kind {
         CriterionKind::Judge {
             criterion, rubric, ..
-        } => templated(criterion) || rubric.as_deref().is_some_and(templated) || templated(&c.text),
+        } => renders(criterion) || rubric.as_deref().is_some_and(renders) || renders(&c.text),
         CriterionKind::Outcome(Outcome::Statement(statement)) => {
-            templated(statement) || templated(&c.text)
+            renders(statement) || renders(&c.text)
         }
         _ => false,
     }
 }
 
 /// Whether an `expect` in `list` (or in a branch of it) has a [`judged_template`] check.
-fn steps_judged_template(list: &[Step]) -> bool {
+fn steps_judged_template(list: &[Step], renders: &dyn Fn(&str) -> bool) -> bool {
     list.iter().any(|step| match &step.kind {
-        StepKind::Expect(checks) => checks.iter().any(judged_template),
-        StepKind::Fork(branches) => branches.iter().any(|b| steps_judged_template(&b.steps)),
+        StepKind::Expect(checks) => checks.iter().any(|c| judged_template(c, renders)),
+        StepKind::Fork(branches) => branches
+            .iter()
+            .any(|b| steps_judged_template(&b.steps, renders)),
         _ => false,
     })
 }

@@ -274,6 +274,8 @@ scenario "book" for-each="rows" {
     branch "declines" {
         user "No thanks."
         expect reply not-contains="booked"
+        // Rendered at run time (it reads the context), so no reason for a copy per row.
+        expect judge "the agent confirms {{ user_context.postal_code }}"
     }
     criteria {
         tool "create_booking" called=#false
@@ -304,4 +306,31 @@ scenario "book" for-each="rows" {
         &instances[0].criteria,
         &instances[1].criteria
     ));
+    drop(instances);
+    drop(project);
+
+    // A judge statement its row renders: each instance has its own steps, rendered (three
+    // rows are enough to tell).
+    std::fs::write(
+        dir.path().join("few.csv"),
+        "id,postal,item\no0,V4T 0A7,a\no1,V4T 0A7,b\no2,V4T 0A7,c\n",
+    )
+    .expect("dataset written");
+    std::fs::write(
+        &path,
+        text.replace("rows.csv", "few.csv").replace(
+            "expect judge \"the agent confirms {{ user_context.postal_code }}\"",
+            "expect judge \"the agent confirms order {{ row.id }}\"",
+        ),
+    )
+    .expect("suite written");
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|e| panic!("{}", e.render_plain()));
+    let instances: Vec<_> = project.scenarios().map(|(_, s)| s).collect();
+    assert!(!std::sync::Arc::ptr_eq(
+        &instances[0].steps,
+        &instances[1].steps
+    ));
+    let judged = |steps: &[trellis_dsl::Step]| format!("{steps:?}");
+    assert!(judged(&instances[1].steps).contains("the agent confirms order o1"));
 }
