@@ -1199,8 +1199,14 @@ impl Scenario {
         self.outcomes.shrink_to_fit();
         shrink_criteria(&mut self.expect_tools);
         self.needs.shrink_to_fit();
-        shrink_steps(Arc::make_mut(&mut self.steps));
-        shrink_criteria(Arc::make_mut(&mut self.criteria));
+        // Only while they are the scenario's own (as decoded): shared with instances, a
+        // copy made to shrink them would undo the sharing.
+        if let Some(steps) = Arc::get_mut(&mut self.steps) {
+            shrink_steps(steps);
+        }
+        if let Some(criteria) = Arc::get_mut(&mut self.criteria) {
+            shrink_criteria(criteria);
+        }
     }
 }
 

@@ -435,14 +435,13 @@ impl Plan {
         let mut agent_index: HashMap<String, usize> = HashMap::new();
         let mut scenarios = Vec::with_capacity(selected.len());
         let mut scenario_index: HashMap<(usize, usize), usize> = HashMap::new();
-        // The execution trees compiled, by the steps they were compiled from (the `Arc`
-        // kept, so its address stays theirs), the agents' protocols and `first-turn`: a
-        // dataset's instances share their steps, and compiling a tree per row took about
-        // 4 KB of every row planned.
+        // The execution trees compiled, by the address of the steps they were compiled
+        // from (the project, borrowed for the whole build, keeps every such address
+        // theirs), the agents' protocols and `first-turn`: a dataset's instances share
+        // their steps, and compiling a tree per row took about 4 KB of every row planned.
         let mut trees: HashMap<SharedTreeKey, SharedTree, FixedState> = HashMap::default();
         // The same for trajectory checks, by the address of the `criteria` compiled.
-        type SharedChecks = (Arc<Vec<trellis_dsl::Criterion>>, Arc<Vec<PlannedCriterion>>);
-        let mut checks: HashMap<usize, SharedChecks, FixedState> = HashMap::default();
+        let mut checks: HashMap<usize, Arc<Vec<PlannedCriterion>>, FixedState> = HashMap::default();
 
         for &(si, ci) in &selected {
             let suite = &project.suites[si];
@@ -544,7 +543,7 @@ impl Plan {
                 sc.first_turn == trellis_dsl::FirstTurn::Agent,
             );
             let (nodes, mut trajectories) = match trees.get(&tree_key) {
-                Some((_, nodes, trajectories)) => (Arc::clone(nodes), trajectories.clone()),
+                Some((nodes, trajectories)) => (Arc::clone(nodes), trajectories.clone()),
                 None => {
                     let (mut nodes, trajectories) =
                         execution_tree(sc, &protocols, simulator, &mut templates)
@@ -559,14 +558,7 @@ impl Plan {
                     // Only steps another scenario shares (a dataset's instances) are worth
                     // keeping the tree of.
                     if Arc::strong_count(&sc.steps) > 1 {
-                        trees.insert(
-                            tree_key,
-                            (
-                                Arc::clone(&sc.steps),
-                                Arc::clone(&nodes),
-                                trajectories.clone(),
-                            ),
-                        );
+                        trees.insert(tree_key, (Arc::clone(&nodes), trajectories.clone()));
                     }
                     (nodes, trajectories)
                 }
@@ -577,7 +569,7 @@ impl Plan {
                 .is_empty()
                 .then(|| Arc::as_ptr(&sc.criteria) as usize);
             let criteria = match checks_key.and_then(|key| checks.get(&key)) {
-                Some((_, compiled)) => Arc::clone(compiled),
+                Some(compiled) => Arc::clone(compiled),
                 None => {
                     let compiled = Arc::new(
                         sc.criteria
@@ -590,7 +582,7 @@ impl Plan {
                     if let Some(key) = checks_key
                         && Arc::strong_count(&sc.criteria) > 1
                     {
-                        checks.insert(key, (Arc::clone(&sc.criteria), Arc::clone(&compiled)));
+                        checks.insert(key, Arc::clone(&compiled));
                     }
                     compiled
                 }
@@ -936,13 +928,9 @@ fn execution_tree(
 /// from, the agents' protocols, whether the agent speaks first.
 type SharedTreeKey = (usize, Vec<Protocol>, bool);
 
-/// A planned execution tree kept for the scenarios that share its steps, with those steps
-/// (held, so their address is not reused) and its trajectories as planned.
-type SharedTree = (
-    Arc<Vec<trellis_dsl::Step>>,
-    Arc<Vec<ExecNode>>,
-    Vec<PlannedTrajectory>,
-);
+/// A planned execution tree kept for the scenarios that share its steps, with its
+/// trajectories as planned.
+type SharedTree = (Arc<Vec<ExecNode>>, Vec<PlannedTrajectory>);
 
 /// A segment's steps as the executor runs them, and what keeps them from running.
 struct CompiledSegment {
