@@ -418,7 +418,9 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     let ended = finished(totals, &shards);
     // A partial merge's JSON end still says how long its shards took together and whether
     // one was interrupted: it is not recorded as the run's end, but it is known.
-    let (ended_ms, ended_interrupted) = (ended.duration_ms, ended.interrupted);
+    // A shard that never recorded its end was cut short too (killed, or still running).
+    let ended_interrupted = ended.interrupted || shards.iter().any(|s| s.finished.is_none());
+    let ended_ms = ended.duration_ms;
     let summary = (!partial).then_some(ended);
     if let Some(summary) = &summary {
         push(&Event::RunFinished(summary.clone()));

@@ -929,6 +929,47 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
     );
     assert_eq!(last["interrupted"], false, "{last}");
 
+    // A shard killed before it recorded its end (its journal without `run_finished`),
+    // merged with the others: the merge was cut short, and its JSON end says so.
+    let killed = tmp.path().join("killed-shard");
+    std::fs::create_dir(&killed).unwrap();
+    for entry in std::fs::read_dir(&dirs[0]).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), killed.join(entry.file_name())).unwrap();
+        }
+    }
+    let mut kept: Vec<String> = journal_text(&killed)
+        .lines()
+        .filter(|l| !l.contains("\"run_finished\""))
+        .map(str::to_owned)
+        .collect();
+    // Killed before its last trajectory was recorded.
+    let last = kept
+        .iter()
+        .rposition(|l| l.starts_with("{\"trajectory\""))
+        .expect("a trajectory");
+    kept.remove(last);
+    let mut writer =
+        trellis_engine::journal::JournalWriter::create_at(&killed.join(JOURNAL)).unwrap();
+    for line in kept {
+        writer.append_line(line.as_bytes()).unwrap();
+    }
+    drop(writer);
+    let json = trellis()
+        .arg("merge")
+        .arg(&killed)
+        .args(&dirs[1..])
+        .args(["--allow-partial", "--message-format", "json", "--out"])
+        .arg(tmp.path().join("killed-json"))
+        .output()
+        .await
+        .unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(stdout(&json).lines().last().unwrap_or("null")).unwrap();
+    assert_eq!(last["type"], "run_finished", "{last}");
+    assert_eq!(last["interrupted"], true, "{last}");
+
     // Finished with --resume, it misses nothing any more, and says so.
     let resumed = trellis()
         .arg("run")
