@@ -238,15 +238,15 @@ fn read_one(
         let result = match f {
             // A text's truth is only whether it is empty: `{{ row.status }}` kept every row
             // with a status, surely meant as a comparison.
-            Filter::Expr(e) => e.eval(ctx).map(|v| {
-                if v.kind() == minijinja::value::ValueKind::String {
-                    Err(format!(
-                        "the filter gave the text `{v}`, not true or false: compare it \
-                         (`row.status == 'open'`)"
-                    ))
-                } else {
-                    Ok(v.is_true())
-                }
+            Filter::Expr(e) => e.eval(ctx).map(|v| match v.as_str().map(str::trim) {
+                None => Ok(v.is_true()),
+                // Read as the text form's are: pandas writes `True` and `False`.
+                Some(t) if t.eq_ignore_ascii_case("true") => Ok(true),
+                Some(t) if t.eq_ignore_ascii_case("false") || t.is_empty() => Ok(false),
+                Some(other) => Err(format!(
+                    "the filter gave the text `{other}`, not true or false: compare it \
+                     (`row.status == 'open'`)"
+                )),
             }),
             Filter::Text(t) => t.render(ctx).map(|text| match text.trim() {
                 t if t.eq_ignore_ascii_case("true") => Ok(true),

@@ -2615,4 +2615,28 @@ async fn a_filter_that_gives_text_is_an_error_not_a_truth() {
         "{err}"
     );
     assert!(err.contains("row 1"), "{err}");
+
+    // Text that says true or false (pandas writes `True`) is read as the text form's is.
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.csv\" filter=\"{{{{ row.open }}}}\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi\"\n    \
+         expect no-error\n}}\n"
+    );
+    let dir = project(
+        &suite,
+        &[("data/d.csv", b"id,open\na,True\nb,False\nc,TRUE\n")],
+    );
+    let o = trellis()
+        .arg("list")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed = stdout(&o);
+    assert!(
+        listed.contains("s[a]") && listed.contains("s[c]"),
+        "{listed}"
+    );
+    assert!(!listed.contains("s[b]"), "{listed}");
 }
