@@ -521,15 +521,19 @@ impl Loader {
                             )
                             .map(str::to_owned)
                         });
+                    // Said, or the author fixes the path and meets a second wave of errors.
+                    let unchecked = "; until it is found, no file's references to agents, \
+                                     personas, scenarios and the other ids are checked (it \
+                                     may define them)";
                     match near {
                         Some(name) => format!(
                             "did you mean `{}`? Include paths are relative to the including \
-                             file",
+                             file{unchecked}",
                             Path::new(rel).with_file_name(name).display()
                         ),
                         None => format!(
                             "looked for `{target_name}`; include paths are relative to the \
-                             including file"
+                             including file{unchecked}"
                         ),
                     }
                 })
