@@ -436,7 +436,7 @@ impl Server {
             return Ok(None);
         };
         let Some(key) = index.at(&file, offset) else {
-            return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator or scenario can be renamed".into());
+            return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator, scenario or dataset can be renamed".into());
         };
         let occurrence = index
             .defs(&key)
@@ -488,8 +488,13 @@ impl Server {
             _ => p.new_name.clone(),
         };
         if index.defined(&(key.0.clone(), new_key)) {
+            let article = if key.0.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                "an"
+            } else {
+                "a"
+            };
             return Err(format!(
-                "the project already has a {} `{}`",
+                "the project already has {article} {} `{}`",
                 key.0, p.new_name
             ));
         }
