@@ -123,7 +123,16 @@ pub fn property_names(
         .filter(|p| p.name != lang::ANY_KEY)
         .map(|p| (p.name, p.help, p.ty))
         .collect();
-    for child in child_specs(node, spec, protocols) {
+    // Settings a node's line may also carry as properties: an agent's less those it has
+    // and the endpoints it cannot take, as its block's completion leaves them out; none of
+    // a scenario's, whose line takes only `for-each` (`dsl/src/parse/scenario.rs`: `check`
+    // refuses `name=` there).
+    let settings = match spec.name {
+        "scenario" => Vec::new(),
+        "agent" => agent_settings_left(node, spec, protocols),
+        _ => child_specs(node, spec, protocols),
+    };
+    for child in settings {
         if child.form == Form::Setting
             && let Some(arg) = child.args.first()
         {

@@ -1375,6 +1375,8 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         .expect("line")
         .find("orders")
         .expect("id") as u64;
+    let scenario_line_end = suite.lines().nth(1).expect("line").find('{').expect("{") as u64;
+    let agent_line_end = suite.lines().next().expect("line").len() as u64 + 1;
     let steps = serde_json::json!([
         {"do": "open", "file": "s.kdl"},
         {"do": "complete", "file": "s.kdl", "line": 1, "character": value},
@@ -1382,6 +1384,10 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         {"do": "references", "file": "data.kdl", "line": 0, "character": 10},
         {"do": "hover", "file": "s.kdl", "line": 1, "character": value + 1},
         {"do": "symbols", "file": "data.kdl"},
+        // A scenario's line offers no settings (its block takes them); an agent's line
+        // with an endpoint offers no other.
+        {"do": "complete", "file": "s.kdl", "line": 1, "character": scenario_line_end},
+        {"do": "complete", "file": "s.kdl", "line": 0, "character": agent_line_end},
         // `row.` offers the dataset's columns: a CSV's header, a JSON Lines file's keys.
         {"do": "complete", "file": "s.kdl", "line": 3, "character": 17},
         {"do": "complete", "file": "s.kdl", "line": 9, "character": 17},
@@ -1432,22 +1438,44 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         .filter_map(|s| s["name"].as_str())
         .collect();
     assert_eq!(names, ["orders", "refunds"], "{}", out[6]);
-    assert_eq!(
-        out[7]["labels"],
-        serde_json::json!(["id", "q"]),
+    let labels = |i: usize| -> Vec<String> {
+        out[i]["labels"]
+            .as_array()
+            .expect("labels")
+            .iter()
+            .filter_map(|l| l.as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(
+        !labels(7).iter().any(|l| l == "name=" || l == "repeat="),
         "{}",
         out[7]
     );
-    assert_eq!(
-        out[8]["labels"],
-        serde_json::json!(["text", "lang"]),
+    let agent_line = labels(8);
+    assert!(agent_line.iter().any(|l| l == "timeout="), "{}", out[8]);
+    assert!(
+        !agent_line.iter().any(|l| {
+            ["url=", "base-url=", "command=", "socket=", "builtin="].contains(&l.as_str())
+        }),
         "{}",
         out[8]
     );
     assert_eq!(
-        out[9]["edits"],
-        serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
+        out[9]["labels"],
+        serde_json::json!(["id", "q"]),
         "{}",
         out[9]
+    );
+    assert_eq!(
+        out[10]["labels"],
+        serde_json::json!(["text", "lang"]),
+        "{}",
+        out[10]
+    );
+    assert_eq!(
+        out[11]["edits"],
+        serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
+        "{}",
+        out[11]
     );
 }
