@@ -63,6 +63,7 @@ impl Server {
                                         && !(c.name_span.start..=c.name_span.end).contains(&offset)
                                 })
                         })
+                        .filter(|s| parent.name != "scenario" || scenario_takes(parent, s, offset))
                         .collect(),
                 };
                 for spec in specs {
@@ -749,6 +750,18 @@ fn value_items(
     }
     items.dedup_by(|a, b| a.label == b.label);
     items
+}
+
+/// Whether `scenario`'s block takes `spec` at `offset`, as `check` reads it: `row-id` only
+/// in a `for-each` scenario, `history` and `initial-message` only before its first step.
+fn scenario_takes(scenario: &Node, spec: &lang::NodeSpec, offset: usize) -> bool {
+    match spec.name {
+        "row-id" => scenario.setting("for-each").is_some(),
+        "history" | "initial-message" => !scenario.children().any(|c| {
+            c.span.end <= offset && lang::steps::STEPS.iter().any(|step| step.name == c.name)
+        }),
+        _ => true,
+    }
 }
 
 /// Rows read for their columns from a file that declares none (JSON): the columns of the

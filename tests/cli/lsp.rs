@@ -1367,7 +1367,8 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
                  scenario \"ask\" for-each=\"orders\" {\n    row-id \"{{ row.id }}\"\n    \
                  user \"{{ row.q }}\"\n}\n\
                  scenario \"more\" for-each=\"orders\" {\n    user \"{{ row.q }}\"\n}\n\
-                 scenario \"back\" for-each=\"refunds\" {\n    user \"{{ row.text }}\"\n}\n";
+                 scenario \"back\" for-each=\"refunds\" {\n    user \"{{ row.text }}\"\n}\n\
+                 scenario \"plain\" {\n    user \"hi\"\n    \n}\n";
     std::fs::write(dir.path().join("s.kdl"), suite).expect("written");
     let value = suite
         .lines()
@@ -1392,6 +1393,9 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         {"do": "complete", "file": "s.kdl", "line": 3, "character": 17},
         {"do": "complete", "file": "s.kdl", "line": 9, "character": 17},
         {"do": "rename", "file": "data.kdl", "line": 0, "character": 10, "to": "cases"},
+        // After a step of a scenario without `for-each`: no `row-id`, nor what must come
+        // before the steps.
+        {"do": "complete", "file": "s.kdl", "line": 13, "character": 4},
     ]);
     let out = session(dir.path(), steps);
     let labels = &out[2]["labels"];
@@ -1477,5 +1481,14 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
         "{}",
         out[11]
+    );
+    let body = labels(12);
+    assert!(body.iter().any(|l| l == "expect"), "{}", out[12]);
+    assert!(
+        !body
+            .iter()
+            .any(|l| ["row-id", "history", "initial-message"].contains(&l.as_str())),
+        "{}",
+        out[12]
     );
 }
