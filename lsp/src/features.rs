@@ -769,28 +769,37 @@ fn scenario_takes(scenario: &Node, spec: &lang::NodeSpec, offset: usize) -> bool
 const ROWS_FOR_COLUMNS: usize = 200;
 
 impl Server {
-    /// The columns of the dataset the scenario `chain` is in runs over (`for-each`), as
-    /// `row.` offers them: the file's declared ones (a CSV header) or those of its first
-    /// rows. None when the dataset or its file cannot be found or read (`check` says why).
-    fn row_columns(&self, path: &Path, chain: &[&Node]) -> Vec<String> {
-        let Some(id) = chain
+    /// The file of the dataset the scenario `chain` is in runs over (`for-each`).
+    fn for_each_file(&self, path: &Path, chain: &[&Node]) -> Option<PathBuf> {
+        let id = chain
             .iter()
             .find(|n| n.name == "scenario")
-            .and_then(|s| s.setting("for-each"))
-        else {
-            return Vec::new();
-        };
+            .and_then(|s| s.setting("for-each"))?;
         let (views, index) = self.project_index(path);
         let key = ("dataset".to_string(), id.text.clone());
-        let Some(def) = index.defs(&key).next() else {
-            return Vec::new();
-        };
-        let Some(file) = views
+        let def = index.defs(&key).next()?;
+        views
             .get(&*def.file)
             .and_then(|view| view.nodes.iter().find(|n| n.span == def.node))
             .and_then(|node| node.setting("path"))
             .map(|p| def.file.parent().unwrap_or(Path::new("/")).join(&p.text))
-        else {
+    }
+
+    /// The columns of the dataset the scenario `chain` is in runs over (`for-each`), as
+    /// `row.` offers them: the file's declared ones (a CSV header) or those of its first
+    /// rows. None when the dataset or its file cannot be found or read (`check` says why).
+    fn row_columns(&self, path: &Path, chain: &[&Node]) -> Vec<String> {
+        // In a dataset's own `filter`: its file, beside this one.
+        let own = chain
+            .iter()
+            .find(|n| n.name == "dataset")
+            .and_then(|d| d.setting("path"))
+            .map(|p| path.parent().unwrap_or(Path::new("/")).join(&p.text));
+        let file = match own {
+            Some(file) => Some(file),
+            None => self.for_each_file(path, chain),
+        };
+        let Some(file) = file else {
             return Vec::new();
         };
         let Ok(Some(reader)) = trellis_dsl::dataset::reader_for(&file) else {
@@ -800,7 +809,7 @@ impl Server {
             return columns;
         }
         let mut columns: Vec<String> = Vec::new();
-        let mut rows = 0;
+        let mut rows = 0usize;
         // A file that fails part way still gave the columns of the rows before.
         let _ = reader.read(&file, &mut |_, fields| {
             for k in fields.keys() {
@@ -824,17 +833,27 @@ impl Server {
 fn template_items(chain: &[&Node], typed: &str, columns: &[String]) -> Vec<CompletionItem> {
     let typed = typed.trim_start();
     let scenario = chain.iter().find(|n| n.name == "scenario");
-    let mut roots: Vec<(String, Vec<String>, &str)> = vec![
-        ("env".into(), Vec::new(), "environment variables"),
-        (
-            "scenario".into(),
-            ["id", "name", "description", "difficulty", "tags", "status"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            "the scenario",
-        ),
-    ];
+    // A dataset's `filter`: `row` is its only variable.
+    let in_dataset = chain.iter().any(|n| n.name == "dataset");
+    let mut roots: Vec<(String, Vec<String>, &str)> = if in_dataset {
+        vec![(
+            "row".into(),
+            columns.to_vec(),
+            "the row the filter decides on",
+        )]
+    } else {
+        vec![
+            ("env".into(), Vec::new(), "environment variables"),
+            (
+                "scenario".into(),
+                ["id", "name", "description", "difficulty", "tags", "status"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                "the scenario",
+            ),
+        ]
+    };
     if let Some(s) = scenario {
         let keys = s
             .children()

@@ -1377,6 +1377,8 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         .find("orders")
         .expect("id") as u64;
     let scenario_line_end = suite.lines().nth(1).expect("line").find('{').expect("{") as u64;
+    let filtered = "dataset \"orders\" path=\"orders.csv\" filter=\"{{ row. }}\"\n";
+    let filter_at = filtered.find("row.").expect("row.") as u64 + 4;
     let agent_line_end = suite.lines().next().expect("line").len() as u64 + 1;
     let steps = serde_json::json!([
         {"do": "open", "file": "s.kdl"},
@@ -1396,6 +1398,10 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         // After a step of a scenario without `for-each`: no `row-id`, nor what must come
         // before the steps.
         {"do": "complete", "file": "s.kdl", "line": 13, "character": 4},
+        // A dataset's own filter: its file's columns.
+        {"do": "open", "file": "data.kdl"},
+        {"do": "change", "file": "data.kdl", "text": filtered},
+        {"do": "complete", "file": "data.kdl", "line": 0, "character": filter_at},
     ]);
     let out = session(dir.path(), steps);
     let labels = &out[2]["labels"];
@@ -1481,6 +1487,12 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         serde_json::json!({"data.kdl": 1, "s.kdl": 2}),
         "{}",
         out[11]
+    );
+    assert_eq!(
+        out[15]["labels"],
+        serde_json::json!(["id", "q"]),
+        "{}",
+        out[15]
     );
     let body = labels(12);
     assert!(body.iter().any(|l| l == "expect"), "{}", out[12]);
