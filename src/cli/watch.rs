@@ -688,6 +688,21 @@ impl Session {
         }
         let trajectory_whys = self.trajectory_reasons(&plan, &prints, &whys);
         let planned: BTreeSet<String> = whys.keys().cloned().collect();
+        // A lowered `repeat`: the repetitions it takes away, named as a removed scenario is.
+        let repeats: HashMap<String, u32> = plan
+            .scenarios
+            .iter()
+            .map(|s| (format!("{}/{}", s.suite, s.scenario.id.value), s.repeat))
+            .collect();
+        let mut dropped: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        for (suite, scenario, _, _, repetition) in self.results.keys() {
+            let key = format!("{suite}/{scenario}");
+            if whys.get(&key) == Some(&Why::Repeat)
+                && repeats.get(&key).is_some_and(|&n| *repetition >= n)
+            {
+                dropped.entry(key).or_default().insert(*repetition);
+            }
+        }
         self.reruns += 1;
         let header = RunHeader {
             number: self.reruns,
@@ -695,6 +710,7 @@ impl Session {
             changed_at: changed.at,
             whys: whys.clone(),
             removed,
+            dropped,
             sites: super::sites::Sites::of(&plan, &project),
         };
         let outcome = self
@@ -1253,6 +1269,8 @@ struct RunHeader {
     whys: BTreeMap<String, Why>,
     /// Scenarios the last run had and this one does not.
     removed: Vec<String>,
+    /// Repetitions of a scenario the last run had and a lowered `repeat` takes away.
+    dropped: BTreeMap<String, BTreeSet<u32>>,
     /// Where this rerun's suites write each check, said after each failed one.
     sites: super::sites::Sites,
 }
@@ -1306,6 +1324,19 @@ impl RunHeader {
         }
         for key in &self.removed {
             outln!("  removed {key}");
+        }
+        for (key, repetitions) in &self.dropped {
+            // Numbered as everywhere else, from 0.
+            let numbers: Vec<String> = repetitions.iter().map(|r| format!("#{r}")).collect();
+            outln!(
+                "  removed {key} {} {}",
+                if numbers.len() == 1 {
+                    "repetition"
+                } else {
+                    "repetitions"
+                },
+                numbers.join(", ")
+            );
         }
     }
 
@@ -1468,7 +1499,9 @@ impl View {
             return false;
         }
         self.shown.insert(key);
-        if why != Why::Unchanged && self.first_result.is_none() {
+        // Any result shown is the rerun's first result: a repetition `repeat` added is
+        // shown as `new` though its trajectory is unchanged.
+        if self.first_result.is_none() {
             self.first_result = Some(self.header.changed_at.elapsed());
         }
         let why = match (why, before) {

@@ -1207,11 +1207,14 @@ async fn more_repetitions_run_only_the_new_ones() {
     // Said as what changed: `repeat`, not the steps.
     assert!(lines.contains("(repeat changed)"), "{lines}");
     assert!(!lines.contains("steps changed"), "{lines}");
-    // Fewer: nothing runs, and the header says why the totals shrink.
+    // The new repetition is the rerun's first result.
+    assert!(lines.contains("first result after"), "{lines}");
+    // Fewer: nothing runs, and the header says why the totals shrink, naming what went.
     write(&suite, &text(1));
     let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
     assert_eq!(agent.requests(), 6, "{}", watch.all());
     assert!(lines.contains("(repeat changed)"), "{lines}");
+    assert!(lines.contains(" repetitions #1, #2"), "{lines}");
 }
 
 /// Vim without `backupcopy`: the original is renamed to a backup, the new text written to
