@@ -862,7 +862,7 @@ fn template_items(chain: &[&Node], typed: &str, columns: &[String]) -> Vec<Compl
             .collect();
         roots.push(("user_context".into(), keys, "the scenario's `user-context`"));
         let mut vars = matrix_names(s);
-        captures(s, &mut vars, 0);
+        vars.extend(captures_before(chain));
         roots.push((
             "vars".into(),
             vars,
@@ -918,6 +918,28 @@ fn matrix_names(scenario: &Node) -> Vec<String> {
         .filter(|c| c.name == "matrix")
         .flat_map(|m| m.children().map(|v| v.name.clone()))
         .collect()
+}
+
+/// The captures made before the node `chain` ends in, on its way there: those of each
+/// block it is in (the scenario, the branches) written before the step it goes on into. A
+/// capture in another branch, or after, is not set there (`check` refuses reading it).
+fn captures_before(chain: &[&Node]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pair in chain.windows(2) {
+        let (block, within) = (pair[0], pair[1]);
+        if !matches!(block.name.as_str(), "scenario" | "branch") {
+            continue;
+        }
+        for c in block.children() {
+            if c.name == "capture"
+                && c.span.end <= within.span.start
+                && let Some(name) = c.arg(0)
+            {
+                out.push(name.text.clone());
+            }
+        }
+    }
+    out
 }
 
 fn captures(node: &Node, out: &mut Vec<String>, depth: usize) {

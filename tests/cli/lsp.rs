@@ -1368,7 +1368,9 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
                  user \"{{ row.q }}\"\n}\n\
                  scenario \"more\" for-each=\"orders\" {\n    user \"{{ row.q }}\"\n}\n\
                  scenario \"back\" for-each=\"refunds\" {\n    user \"{{ row.text }}\"\n}\n\
-                 scenario \"plain\" {\n    user \"hi\"\n    \n}\n";
+                 scenario \"plain\" {\n    user \"hi\"\n    \n    capture \"early\" regex=\"(x)\"\n    \
+                 branch \"a\" {\n        capture \"inner\" regex=\"(y)\"\n        \
+                 user \"{{ vars. }}\"\n    }\n    branch \"b\" {\n        user \"{{ vars. }}\"\n    }\n}\n";
     std::fs::write(dir.path().join("s.kdl"), suite).expect("written");
     let value = suite
         .lines()
@@ -1379,6 +1381,7 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
     let scenario_line_end = suite.lines().nth(1).expect("line").find('{').expect("{") as u64;
     let filtered = "dataset \"orders\" path=\"orders.csv\" filter=\"{{ row. }}\"\n";
     let filter_at = filtered.find("row.").expect("row.") as u64 + 4;
+    let vars_at = "        user \"{{ vars.".len() as u64;
     let agent_line_end = suite.lines().next().expect("line").len() as u64 + 1;
     let steps = serde_json::json!([
         {"do": "open", "file": "s.kdl"},
@@ -1402,6 +1405,9 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         {"do": "open", "file": "data.kdl"},
         {"do": "change", "file": "data.kdl", "text": filtered},
         {"do": "complete", "file": "data.kdl", "line": 0, "character": filter_at},
+        // `vars.` offers the captures made before, on the way there: not another branch's.
+        {"do": "complete", "file": "s.kdl", "line": 17, "character": vars_at},
+        {"do": "complete", "file": "s.kdl", "line": 20, "character": vars_at},
     ]);
     let out = session(dir.path(), steps);
     let labels = &out[2]["labels"];
@@ -1494,6 +1500,8 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         "{}",
         out[15]
     );
+    assert_eq!(labels(16), ["early", "inner"], "{}", out[16]);
+    assert_eq!(labels(17), ["early"], "{}", out[17]);
     let body = labels(12);
     assert!(body.iter().any(|l| l == "expect"), "{}", out[12]);
     assert!(
