@@ -246,43 +246,7 @@ fn dataset_instances_share_what_their_rows_do_not_change() {
     }
     std::fs::write(dir.path().join("rows.csv"), &csv).expect("dataset written");
     let path = dir.path().join("ds.kdl");
-    let text = r##"
-agent "a" protocol="connexity" builtin="booking"
-tool "check_service_area" {
-    param "zone" type="string" required=#true
-    mock returns=#"{"available": true}"#
-}
-dataset "rows" path="rows.csv"
-scenario "book" for-each="rows" {
-    agent "a"
-    row-id "{{ row.id }}"
-    user-context {
-        postal_code "{{ row.postal }}"
-    }
-    user "Hi, I'd like to book a {{ row.item }}."
-    expect reply contains="postal code"
-    user "It's {{ row.postal }}."
-    expect {
-        tool "check_service_area" zone="V4T0A7"
-        reply matches="(?i)available|serve"
-        latency max="2s"
-    }
-    branch "accepts" {
-        user "Tuesday works."
-        expect reply matches="(?i)booked|confirmed"
-    }
-    branch "declines" {
-        user "No thanks."
-        expect reply not-contains="booked"
-        // Rendered at run time (it reads the context), so no reason for a copy per row.
-        expect judge "the agent confirms {{ user_context.postal_code }}"
-    }
-    criteria {
-        tool "create_booking" called=#false
-        turns max=8
-    }
-}
-"##;
+    let text = include_str!("memory/dataset_instances.kdl");
     std::fs::write(&path, text).expect("suite written");
     let (project, _, held) = measure(|| {
         trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())

@@ -537,12 +537,16 @@ impl Plan {
                 scenario: sc.id.value.clone(),
                 error,
             };
-            let tree_key = (
-                Arc::as_ptr(&sc.steps) as usize,
-                protocols.clone(),
-                sc.first_turn == trellis_dsl::FirstTurn::Agent,
-            );
-            let (nodes, mut trajectories) = match trees.get(&tree_key) {
+            // Only steps another scenario shares (a dataset's instances) are worth keeping the
+            // tree of: a scenario of its own is neither looked up nor kept.
+            let tree_key = (Arc::strong_count(&sc.steps) > 1).then(|| {
+                (
+                    Arc::as_ptr(&sc.steps) as usize,
+                    protocols.clone(),
+                    sc.first_turn == trellis_dsl::FirstTurn::Agent,
+                )
+            });
+            let (nodes, mut trajectories) = match tree_key.as_ref().and_then(|k| trees.get(k)) {
                 Some((nodes, trajectories)) => (Arc::clone(nodes), trajectories.clone()),
                 None => {
                     let (mut nodes, trajectories) =
@@ -555,18 +559,14 @@ impl Plan {
                         root.steps.insert(0, PlannedStep::Opening);
                     }
                     let nodes = Arc::new(nodes);
-                    // Only steps another scenario shares (a dataset's instances) are worth
-                    // keeping the tree of.
-                    if Arc::strong_count(&sc.steps) > 1 {
-                        trees.insert(tree_key, (Arc::clone(&nodes), trajectories.clone()));
+                    if let Some(key) = tree_key {
+                        trees.insert(key, (Arc::clone(&nodes), trajectories.clone()));
                     }
                     (nodes, trajectories)
                 }
             };
             // Shared as the trees are, when `expect-tool` adds none of the instance's own.
-            let checks_key = sc
-                .expect_tools
-                .is_empty()
+            let checks_key = (sc.expect_tools.is_empty() && Arc::strong_count(&sc.criteria) > 1)
                 .then(|| Arc::as_ptr(&sc.criteria) as usize);
             let criteria = match checks_key.and_then(|key| checks.get(&key)) {
                 Some(compiled) => Arc::clone(compiled),
@@ -579,9 +579,7 @@ impl Plan {
                             .collect::<Result<Vec<_>, _>>()
                             .map_err(template_error)?,
                     );
-                    if let Some(key) = checks_key
-                        && Arc::strong_count(&sc.criteria) > 1
-                    {
+                    if let Some(key) = checks_key {
                         checks.insert(key, Arc::clone(&compiled));
                     }
                     compiled

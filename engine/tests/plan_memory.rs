@@ -240,37 +240,8 @@ fn a_datasets_instances_share_their_execution_tree() {
         let _ = writeln!(csv, "o{i},V4T 0A7,duct cleaning");
     }
     std::fs::write(dir.path().join("rows.csv"), &csv).expect("dataset written");
-    let text = r##"
-agent "a" protocol="connexity" builtin="booking"
-dataset "rows" path="rows.csv"
-scenario "book" for-each="rows" {
-    agent "a"
-    row-id "{{ row.id }}"
-    user-context {
-        postal_code "{{ row.postal }}"
-    }
-    user "Hi, I'd like to book a {{ row.item }}."
-    expect reply contains="postal code"
-    user "It's {{ row.postal }}."
-    expect {
-        tool "check_service_area" zone="V4T0A7"
-        reply matches="(?i)available|serve"
-        latency max="2s"
-    }
-    branch "accepts" {
-        user "Tuesday works."
-        expect reply matches="(?i)booked|confirmed"
-    }
-    branch "declines" {
-        user "No thanks."
-        expect reply not-contains="booked"
-    }
-    criteria {
-        tool "create_booking" called=#false
-        turns max=8
-    }
-}
-"##;
+    // The suite the loading test measures (`dsl/tests/load_memory.rs`).
+    let text = include_str!("../../dsl/tests/memory/dataset_instances.kdl");
     let path = dir.path().join("ds.kdl");
     std::fs::write(&path, text).expect("suite written");
     let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())

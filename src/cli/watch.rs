@@ -688,21 +688,7 @@ impl Session {
         }
         let trajectory_whys = self.trajectory_reasons(&plan, &prints, &whys);
         let planned: BTreeSet<String> = whys.keys().cloned().collect();
-        // A lowered `repeat`: the repetitions it takes away, named as a removed scenario is.
-        let repeats: HashMap<String, u32> = plan
-            .scenarios
-            .iter()
-            .map(|s| (format!("{}/{}", s.suite, s.scenario.id.value), s.repeat))
-            .collect();
-        let mut dropped: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-        for (suite, scenario, _, _, repetition) in self.results.keys() {
-            let key = format!("{suite}/{scenario}");
-            if whys.get(&key) == Some(&Why::Repeat)
-                && repeats.get(&key).is_some_and(|&n| *repetition >= n)
-            {
-                dropped.entry(key).or_default().insert(*repetition);
-            }
-        }
+        let dropped = dropped_repetitions(&plan, &whys, &self.results);
         self.reruns += 1;
         let header = RunHeader {
             number: self.reruns,
@@ -1711,6 +1697,33 @@ impl Recorder {
             report_html,
         }
     }
+}
+
+/// The repetitions a lowered `repeat` takes away, by scenario: the results kept of those
+/// numbered from its new `repeat` on.
+fn dropped_repetitions(
+    plan: &Plan,
+    whys: &BTreeMap<String, Why>,
+    results: &HashMap<ResultKey, Standing>,
+) -> BTreeMap<String, BTreeSet<u32>> {
+    let mut dropped: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    // Only the scenarios whose `repeat` changed: nothing to write out on most reruns.
+    if !whys.values().any(|w| *w == Why::Repeat) {
+        return dropped;
+    }
+    let repeats: HashMap<String, u32> = plan
+        .scenarios
+        .iter()
+        .map(|s| (format!("{}/{}", s.suite, s.scenario.id.value), s.repeat))
+        .filter(|(key, _)| whys.get(key) == Some(&Why::Repeat))
+        .collect();
+    for (suite, scenario, _, _, repetition) in results.keys() {
+        let key = format!("{suite}/{scenario}");
+        if repeats.get(&key).is_some_and(|&n| *repetition >= n) {
+            dropped.entry(key).or_default().insert(*repetition);
+        }
+    }
+    dropped
 }
 
 /// The planned scenarios as a rerun's own record lists them: only the trajectories it

@@ -29,6 +29,20 @@ struct Results {
     totals: Vec<u64>,
 }
 
+/// The last line `merge --allow-partial --message-format json` prints (its end) for `shards`
+/// merged into `out`.
+async fn partial_merge_end(shards: &[&PathBuf], out: &Path) -> serde_json::Value {
+    let json = trellis()
+        .arg("merge")
+        .args(shards)
+        .args(["--allow-partial", "--message-format", "json", "--out"])
+        .arg(out)
+        .output()
+        .await
+        .unwrap();
+    serde_json::from_str(stdout(&json).lines().last().unwrap_or("null")).unwrap()
+}
+
 fn results(dir: &Path) -> Results {
     let t = read_parquet(&dir.join("trajectories.parquet"));
     let key = |df: &DataFrame, i: usize| {
@@ -903,16 +917,7 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
     assert_eq!(meta["merged"]["partial"], true);
     assert_eq!(meta["merged"]["missing"], 2);
     // Its JSON end: not finished, and counting what it merged (every count was null).
-    let json = trellis()
-        .arg("merge")
-        .args(&without)
-        .args(["--allow-partial", "--message-format", "json", "--out"])
-        .arg(tmp.path().join("partial-json"))
-        .output()
-        .await
-        .unwrap();
-    let last: serde_json::Value =
-        serde_json::from_str(stdout(&json).lines().last().unwrap_or("null")).unwrap();
+    let last = partial_merge_end(&without, &tmp.path().join("partial-json")).await;
     assert_eq!(last["type"], "run_finished", "{last}");
     assert_eq!(last["finished"], false, "{last}");
     let merged = results(&tmp.path().join("partial-json")).trajectories.len();
@@ -956,17 +961,8 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
         writer.append_line(line.as_bytes()).unwrap();
     }
     drop(writer);
-    let json = trellis()
-        .arg("merge")
-        .arg(&killed)
-        .args(&dirs[1..])
-        .args(["--allow-partial", "--message-format", "json", "--out"])
-        .arg(tmp.path().join("killed-json"))
-        .output()
-        .await
-        .unwrap();
-    let last: serde_json::Value =
-        serde_json::from_str(stdout(&json).lines().last().unwrap_or("null")).unwrap();
+    let with_killed: Vec<&PathBuf> = std::iter::once(&killed).chain(&dirs[1..]).collect();
+    let last = partial_merge_end(&with_killed, &tmp.path().join("killed-json")).await;
     assert_eq!(last["type"], "run_finished", "{last}");
     assert_eq!(last["interrupted"], true, "{last}");
 
