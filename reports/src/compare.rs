@@ -18,6 +18,7 @@
 //! slower than the runs have been, not just slower than the base. When either run has more
 //! than one agent, each agent's turns are judged alone by the same rule (a run's median is
 //! mostly its busiest agent's), and every latency verdict says why ([`MetricChange::why`]).
+//! So is each scenario's, against the rest of its run ([`judge_scenario_latency`]).
 //! The mean judge
 //! score counts when it drops by more than its points, unless either run's
 //! `calibration.json` marks a judge below the agreement floor (`trellis calibrate`): then
@@ -179,6 +180,10 @@ pub struct ScenarioChange {
     pub rate: RateChange,
     pub base_latency_mean_ms: Option<f64>,
     pub head_latency_mean_ms: Option<f64>,
+    /// The verdict on its mean turn latency, when both runs' turns of it are known
+    /// ([`judge_scenario_latency`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyJudgement>,
     /// Why the head run skipped it, when the verdict is `not_run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_run: Option<String>,
@@ -266,6 +271,10 @@ pub struct TurnLatencies {
     /// agent ten times slower that answers a minority of the turns moved the median by a
     /// few milliseconds and passed the run's gate.
     pub agents: BTreeMap<String, TurnLatencies>,
+    /// The same of each scenario both runs have, by (suite, scenario id, agent) (their own
+    /// `agents`, `scenarios` and `earlier_means` empty): one scenario three times slower
+    /// among many moves neither the run's median nor its agent's.
+    pub scenarios: BTreeMap<(String, String, String), TurnLatencies>,
 }
 
 /// Earlier runs of the same suites needed before their spread is taken as the noise.
@@ -410,6 +419,7 @@ pub fn compare(
              checked something"
         ));
     }
+    let scenario_latency = ScenarioLatencyRule::new(base, head, latencies, thresholds);
     let scenarios: Vec<ScenarioChange> = pair(
         base.scenarios
             .iter()
@@ -446,6 +456,7 @@ pub fn compare(
             rate,
             base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
             head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
+            latency: scenario_latency.judge(&suite, &scenario, &agent),
             not_run,
             suite: String::from(&*suite),
             scenario: String::from(&*scenario),
@@ -523,6 +534,25 @@ pub fn compare(
             regressions.push(format!(
                 "scenario {}/{} [{}]: not run ({why})",
                 s.suite, s.scenario, s.agent
+            ));
+        }
+        if let Some(latency) = s
+            .latency
+            .as_ref()
+            .filter(|l| l.verdict == Verdict::Regressed)
+        {
+            regressions.push(format!(
+                "scenario {}/{} [{}] latency_mean_ms: {} → {}{}",
+                s.suite,
+                s.scenario,
+                s.agent,
+                show(s.base_latency_mean_ms),
+                show(s.head_latency_mean_ms),
+                latency
+                    .why
+                    .as_ref()
+                    .map(|w| format!(" ({w})"))
+                    .unwrap_or_default()
             ));
         }
         if s.rate.verdict == Verdict::Regressed {
@@ -1233,10 +1263,12 @@ fn run_metrics(
 }
 
 /// The verdict on a mean turn latency, the p-value of the rank test when it ran, and why.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencyJudgement {
     pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p_value: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
 }
 
@@ -1353,6 +1385,161 @@ pub fn judge_latency(
         }
     } else {
         judged(Verdict::Unchanged, None, None)
+    }
+}
+
+/// What each scenario's turn latencies are judged by: the run's slowdown that every
+/// scenario shares, and how many scenarios are tested.
+struct ScenarioLatencyRule<'a> {
+    latencies: Option<&'a TurnLatencies>,
+    /// By agent: how much slower the head run's median turn of that agent is than the
+    /// base's (at least 1).
+    slowdown: BTreeMap<&'a str, f64>,
+    /// Scenarios with turns in both runs: the tests made at once.
+    tests: usize,
+    thresholds: Thresholds,
+}
+
+impl<'a> ScenarioLatencyRule<'a> {
+    fn new(
+        base: &RunStats,
+        head: &RunStats,
+        latencies: Option<&'a TurnLatencies>,
+        thresholds: Thresholds,
+    ) -> Self {
+        let ratio = |b: Option<f64>, h: Option<f64>| match (b, h) {
+            (Some(b), Some(h)) if b > 0.0 && h.is_finite() => (h / b).max(1.0),
+            _ => 1.0,
+        };
+        let run = ratio(
+            base.aggregates.latency.p50_ms,
+            head.aggregates.latency.p50_ms,
+        );
+        let mut slowdown = BTreeMap::new();
+        for l in latencies.into_iter() {
+            for s in l.scenarios.keys() {
+                let agent = s.2.as_str();
+                let of_agent = l.agents.get(agent).map(|a| {
+                    ratio(
+                        crate::stats::Latency::of(a.base.clone()).p50_ms,
+                        crate::stats::Latency::of(a.head.clone()).p50_ms,
+                    )
+                });
+                slowdown.entry(agent).or_insert(of_agent.unwrap_or(run));
+            }
+        }
+        let tests = latencies.map_or(0, |l| {
+            l.scenarios
+                .values()
+                .filter(|s| !s.base.is_empty() && !s.head.is_empty())
+                .count()
+        });
+        ScenarioLatencyRule {
+            latencies,
+            slowdown,
+            tests,
+            thresholds,
+        }
+    }
+
+    fn judge(&self, suite: &str, scenario: &str, agent: &str) -> Option<LatencyJudgement> {
+        let key = (suite.to_owned(), scenario.to_owned(), agent.to_owned());
+        let samples = self.latencies?.scenarios.get(&key)?;
+        if samples.base.is_empty() || samples.head.is_empty() {
+            return None;
+        }
+        let slowdown = self.slowdown.get(agent).copied().unwrap_or(1.0);
+        Some(judge_scenario_latency(
+            samples,
+            slowdown,
+            self.tests,
+            &self.thresholds,
+        ))
+    }
+}
+
+/// The verdict on one scenario's mean turn latency: the run's rule ([`judge_latency`]) on
+/// the scenario's turns, with two changes for judging many scenarios at once. The base's
+/// turns are first scaled by `slowdown`, how much slower the head run's median turn of the
+/// same agent is (a busier machine slows every scenario, which the run's own verdict
+/// judges): a scenario regresses by being slower than the rest of its run became. And the
+/// rank test must pass at `alpha / tests` (Bonferroni), so that a hundred unchanged
+/// scenarios are not a hundred chances of a false alarm. A scenario with too few turns for
+/// the test to reach that is not gated (`ungated`, saying so when its mean rose past the
+/// thresholds): one slow turn of a one-turn scenario is no regression.
+pub fn judge_scenario_latency(
+    samples: &TurnLatencies,
+    slowdown: f64,
+    tests: usize,
+    t: &Thresholds,
+) -> LatencyJudgement {
+    let scaled = TurnLatencies {
+        base: samples.base.iter().map(|ms| ms * slowdown).collect(),
+        head: samples.head.clone(),
+        ..TurnLatencies::default()
+    };
+    let corrected = Thresholds {
+        alpha: t.alpha / tests.max(1) as f64,
+        ..*t
+    };
+    let (b, h) = (
+        crate::stats::Latency::of(scaled.base.clone()),
+        crate::stats::Latency::of(scaled.head.clone()),
+    );
+    let (n, m) = (scaled.base.len() as u64, scaled.head.len() as u64);
+    let testable = 1.0 / statrs::function::factorial::binomial(n + m, n) < corrected.alpha;
+    let scaled_said = |why: String| {
+        if slowdown > 1.0 {
+            format!(
+                "{why}; the base's turns taken {slowdown:.2}× as slow, as the run's median \
+                 turn of the agent became"
+            )
+        } else {
+            why
+        }
+    };
+    if !testable {
+        let rose = match (b.mean_ms, h.mean_ms) {
+            (Some(b), Some(h)) => {
+                let bar = (b * t.max_latency_increase_pct / 100.0).max(t.latency_noise_ms);
+                (h - b > bar).then(|| format!("mean {:+.0} ms", h - b))
+            }
+            _ => None,
+        };
+        return LatencyJudgement {
+            verdict: Verdict::Ungated,
+            p_value: None,
+            why: rose.map(|rose| {
+                scaled_said(format!(
+                    "{rose}; too few turns ({n} and {m}) for the rank test to reach {} \
+                     ({} over {} scenarios): a higher `repeat` gates it",
+                    p_said_bare(corrected.alpha),
+                    t.alpha,
+                    tests.max(1)
+                ))
+            }),
+        };
+    }
+    let mut judged = judge_latency(&b, &h, Some(&scaled), &corrected);
+    if judged.verdict == Verdict::Regressed && tests > 1 {
+        judged.why = judged.why.map(|why| {
+            format!(
+                "{why}, below {} ({} over {tests} scenarios tested)",
+                p_said_bare(corrected.alpha),
+                t.alpha
+            )
+        });
+    }
+    judged.why = judged.why.map(scaled_said);
+    judged
+}
+
+/// A significance level as the p-values beside it read.
+fn p_said_bare(alpha: f64) -> String {
+    if alpha < 0.001 {
+        format!("{alpha:.1e}")
+    } else {
+        format!("{alpha:.3}")
     }
 }
 
@@ -2076,7 +2263,7 @@ mod tests {
             base: base.to_vec(),
             head: head.to_vec(),
             earlier_means: earlier_means.to_vec(),
-            agents: BTreeMap::new(),
+            ..TurnLatencies::default()
         };
         let judged = judge_latency(
             &latency_of(base),
@@ -2177,5 +2364,66 @@ mod tests {
             judge_rate(t(0, 0), t(1, 1), &untested).verdict,
             Verdict::NotComparable
         );
+    }
+
+    /// Turns of a 50 ms agent with a spread of a few milliseconds, `n` of them, scaled.
+    fn turns(n: usize, scale: f64) -> Vec<f64> {
+        (0..n)
+            .map(|i| (50.0 + ((i * 7919) % 13) as f64) * scale)
+            .collect()
+    }
+
+    fn scenario(base: Vec<f64>, head: Vec<f64>) -> TurnLatencies {
+        TurnLatencies {
+            base,
+            head,
+            ..TurnLatencies::default()
+        }
+    }
+
+    #[test]
+    fn one_scenario_three_times_slower_regresses_among_many() {
+        let t = Thresholds::default();
+        let judged = judge_scenario_latency(&scenario(turns(12, 1.0), turns(12, 3.0)), 1.0, 40, &t);
+        assert_eq!(judged.verdict, Verdict::Regressed, "{judged:?}");
+        let why = judged.why.unwrap();
+        assert!(
+            why.contains("below 0.001 (0.05 over 40 scenarios tested)"),
+            "{why}"
+        );
+        // The same turns, unchanged: nothing to say.
+        let judged = judge_scenario_latency(&scenario(turns(12, 1.0), turns(12, 1.0)), 1.0, 40, &t);
+        assert_eq!(judged.verdict, Verdict::Unchanged, "{judged:?}");
+    }
+
+    /// A busier machine slows every scenario as it slows the run: a scenario as much slower
+    /// as the run's median turn is not slower than the rest of the run.
+    #[test]
+    fn a_scenario_slowed_as_much_as_the_run_is_not_a_regression() {
+        let t = Thresholds::default();
+        let judged = judge_scenario_latency(&scenario(turns(12, 1.0), turns(12, 1.6)), 1.6, 8, &t);
+        assert_ne!(judged.verdict, Verdict::Regressed, "{judged:?}");
+        // Twice the run's slowdown is.
+        let judged = judge_scenario_latency(&scenario(turns(12, 1.0), turns(12, 3.2)), 1.6, 8, &t);
+        assert_eq!(judged.verdict, Verdict::Regressed, "{judged:?}");
+        assert!(judged.why.unwrap().contains("1.60× as slow"));
+    }
+
+    /// One turn on each side cannot be told from chance: not gated, and it says why.
+    #[test]
+    fn a_scenario_with_too_few_turns_to_test_is_not_gated() {
+        let t = Thresholds::default();
+        let judged = judge_scenario_latency(&scenario(vec![50.0], vec![500.0]), 1.0, 3, &t);
+        assert_eq!(judged.verdict, Verdict::Ungated, "{judged:?}");
+        let why = judged.why.unwrap();
+        assert!(why.contains("too few turns (1 and 1)"), "{why}");
+        assert!(why.contains("a higher `repeat` gates it"), "{why}");
+        // Enough turns alone, too few once 200 scenarios are tested at once (the smallest p
+        // of 4 against 4 is 1/70).
+        let (b, h) = (turns(4, 1.0), turns(4, 3.0));
+        let alone = judge_scenario_latency(&scenario(b.clone(), h.clone()), 1.0, 1, &t);
+        assert_eq!(alone.verdict, Verdict::Regressed, "{alone:?}");
+        let many = judge_scenario_latency(&scenario(b, h), 1.0, 200, &t);
+        assert_eq!(many.verdict, Verdict::Ungated, "{many:?}");
     }
 }

@@ -1120,10 +1120,10 @@ fn meta_of(run: &RunEntry) -> RunMeta {
 }
 
 /// Every agent turn's latency in milliseconds, replayed prefix turns left out (as in the
-/// run's statistics), by agent: what `compare` ranks to tell a slower agent from noise, for
-/// the whole run and for each agent. Read from `turns.parquet`, else from the journal;
-/// `None` when neither can be read.
-pub fn turn_latencies(dir: &Path) -> Option<AgentLatencies> {
+/// run's statistics), by agent and by scenario: what `compare` ranks to tell a slower agent
+/// from noise, for the whole run, each agent and each scenario. Read from `turns.parquet`,
+/// else from the journal; `None` when neither can be read.
+pub fn turn_latencies(dir: &Path) -> Option<RunLatencies> {
     latencies_of(dir, false)
 }
 
@@ -1131,15 +1131,38 @@ pub fn turn_latencies(dir: &Path) -> Option<AgentLatencies> {
 /// (a hung agent's is its timeout), which says nothing of how fast the agent answers or how
 /// busy the machine was. What an earlier run's spread is taken from.
 pub fn answered_turn_latencies(dir: &Path) -> Option<AgentLatencies> {
-    latencies_of(dir, true)
+    latencies_of(dir, true).map(|l| l.agents)
 }
 
 /// Turn latencies (ms) by agent name, each agent's in the order its turns were recorded.
 pub type AgentLatencies = std::collections::BTreeMap<String, Vec<f64>>;
 
-fn latencies_of(dir: &Path, answered_only: bool) -> Option<AgentLatencies> {
-    let from_table = || -> PolarsResult<AgentLatencies> {
-        let mut names = vec!["agent", "latency_ms", "replay"];
+/// A scenario as the run's statistics key it: (suite, scenario id, agent).
+pub type ScenarioKey = (String, String, String);
+
+/// A run's turn latencies (ms), by agent and by scenario.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunLatencies {
+    pub agents: AgentLatencies,
+    pub scenarios: BTreeMap<ScenarioKey, Vec<f64>>,
+}
+
+impl RunLatencies {
+    fn push(&mut self, suite: &str, scenario: &str, agent: &str, ms: f64) {
+        match self.agents.get_mut(agent) {
+            Some(turns) => turns.push(ms),
+            None => {
+                self.agents.insert(agent.to_owned(), vec![ms]);
+            }
+        }
+        let key = (suite.to_owned(), scenario.to_owned(), agent.to_owned());
+        self.scenarios.entry(key).or_default().push(ms);
+    }
+}
+
+fn latencies_of(dir: &Path, answered_only: bool) -> Option<RunLatencies> {
+    let from_table = || -> PolarsResult<RunLatencies> {
+        let mut names = vec!["suite", "scenario", "agent", "latency_ms", "replay"];
         if answered_only {
             names.push("fault_category");
         }
@@ -1153,10 +1176,12 @@ fn latencies_of(dir: &Path, answered_only: bool) -> Option<AgentLatencies> {
         } else {
             Vec::new()
         };
-        let mut by_agent = AgentLatencies::new();
-        for (i, ((agent, ms), replay)) in columns
-            .strings("agent")?
+        let mut latencies = RunLatencies::default();
+        for (i, ((((suite, scenario), agent), ms), replay)) in columns
+            .strings("suite")?
             .into_iter()
+            .zip(columns.strings("scenario")?)
+            .zip(columns.strings("agent")?)
             .zip(columns.floats("latency_ms")?)
             .zip(columns.bools("replay")?)
             .enumerate()
@@ -1165,34 +1190,31 @@ fn latencies_of(dir: &Path, answered_only: bool) -> Option<AgentLatencies> {
                 continue;
             }
             if let Some(ms) = ms.filter(|ms| ms.is_finite()) {
-                by_agent
-                    .entry(agent.unwrap_or_default())
-                    .or_default()
-                    .push(ms);
+                latencies.push(
+                    suite.as_deref().unwrap_or_default(),
+                    scenario.as_deref().unwrap_or_default(),
+                    agent.as_deref().unwrap_or_default(),
+                    ms,
+                );
             }
         }
-        Ok(by_agent)
+        Ok(latencies)
     };
     if let Ok(latencies) = from_table() {
         return Some(latencies);
     }
     let mut journal = crate::journal::JournalReader::open(&trellis_journal::path_in(dir)).ok()?;
-    let mut by_agent = AgentLatencies::new();
+    let mut latencies = RunLatencies::default();
     while let Some(entry) = journal.next_entry().ok()? {
         if let trellis_records::JournalEntry::Node(node) = entry {
-            let turns = node.turns.iter().filter(|t| {
+            for turn in node.turns.iter().filter(|t| {
                 !t.replay && t.latency_ms.is_finite() && !(answered_only && t.fault.is_some())
-            });
-            let mut turns = turns.map(|t| t.latency_ms).peekable();
-            if turns.peek().is_some() {
-                by_agent
-                    .entry(node.agent.clone())
-                    .or_default()
-                    .extend(turns);
+            }) {
+                latencies.push(&node.suite, &node.scenario, &node.agent, turn.latency_ms);
             }
         }
     }
-    Some(by_agent)
+    Some(latencies)
 }
 
 /// Microseconds of agent turns by (suite, scenario id): [`scenario_costs`].

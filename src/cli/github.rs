@@ -233,6 +233,26 @@ fn annotations(
                     data(&what)
                 ));
             }
+            for (s, latency) in c
+                .scenarios
+                .iter()
+                .filter_map(|s| Some((s, s.latency.as_ref()?)))
+                .filter(|(_, l)| l.verdict == Verdict::Regressed)
+                .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
+            {
+                let ms = |v: Option<f64>| v.map(|v| format!("{v:.0} ms")).unwrap_or_default();
+                lines.push(format!(
+                    "::error {}title={}::{}",
+                    place(&s.suite, &s.scenario),
+                    property(&format!("{}/{} [{}] slower", s.suite, s.scenario, s.agent)),
+                    data(&format!(
+                        "mean turn {} → {}: {}",
+                        ms(s.base_latency_mean_ms),
+                        ms(s.head_latency_mean_ms),
+                        latency.why.as_deref().unwrap_or_default()
+                    ))
+                ));
+            }
             // Worse than the baseline by too little to tell from chance: it passes the gate,
             // and a warning on the pull request says so, where only the job summary did (a
             // scenario flaky enough to fail half the time can fall short of the test at a

@@ -527,6 +527,22 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
     let head_turns = history::turn_latencies(head)?;
     let (earlier_means, mut earlier_by_agent) = earlier_latency_means(base, head);
     let all = |by_agent: &history::AgentLatencies| by_agent.values().flatten().copied().collect();
+    let scenarios = base_turns
+        .scenarios
+        .iter()
+        .filter_map(|(key, base)| {
+            let head = head_turns.scenarios.get(key)?;
+            Some((
+                key.clone(),
+                compare::TurnLatencies {
+                    base: base.clone(),
+                    head: head.clone(),
+                    ..compare::TurnLatencies::default()
+                },
+            ))
+        })
+        .collect();
+    let (base_turns, head_turns) = (base_turns.agents, head_turns.agents);
     let agents = if base_turns.len() > 1 || head_turns.len() > 1 {
         base_turns
             .iter()
@@ -538,7 +554,7 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
                         base: base.clone(),
                         head: head.clone(),
                         earlier_means: earlier_by_agent.remove(agent).unwrap_or_default(),
-                        agents: BTreeMap::new(),
+                        ..compare::TurnLatencies::default()
                     },
                 ))
             })
@@ -551,6 +567,7 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
         head: all(&head_turns),
         earlier_means,
         agents,
+        scenarios,
     })
 }
 
@@ -558,12 +575,11 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
 /// ranked against the other's, as two runs' are. No earlier runs: they are runs of both
 /// agents, whose spread says nothing of one against the other.
 fn agent_turn_latencies(dir: &Path, base: &str, head: &str) -> Option<compare::TurnLatencies> {
-    let mut turns = history::turn_latencies(dir)?;
+    let mut turns = history::turn_latencies(dir)?.agents;
     Some(compare::TurnLatencies {
         base: turns.remove(base)?,
         head: turns.remove(head)?,
-        earlier_means: Vec::new(),
-        agents: BTreeMap::new(),
+        ..compare::TurnLatencies::default()
     })
 }
 
@@ -810,6 +826,37 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("scenarios (repetitions where every branch passed)\n{table}");
+        if let Some(more) = more {
+            outln!("{more}");
+        }
+    }
+    // A scenario's turns slower than the rest of the run became: its verdict and why (the
+    // figures are in `--json`); a rise too small to tell, or too few turns to test, says so.
+    let latencies: Vec<_> = c
+        .scenarios
+        .iter()
+        .filter_map(|s| {
+            let l = s.latency.as_ref()?;
+            let shown = matches!(
+                l.verdict,
+                Verdict::Regressed | Verdict::Noise | Verdict::Ungated
+            );
+            (shown && l.why.is_some()).then_some((s, l))
+        })
+        .collect();
+    if !latencies.is_empty() {
+        let (latencies, more) = gating_first(latencies, |(_, l)| l.verdict);
+        outln!("scenario latency (each scenario's turns, against the rest of the run)");
+        for (s, l) in latencies {
+            outln!(
+                "  {}/{} [{}] latency_mean_ms {}: {}",
+                s.suite,
+                s.scenario,
+                s.agent,
+                l.verdict.as_str(),
+                l.why.as_deref().unwrap_or_default()
+            );
+        }
         if let Some(more) = more {
             outln!("{more}");
         }

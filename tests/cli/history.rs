@@ -28,6 +28,8 @@ pub(super) struct Sample {
     agent: &'static str,
     /// The simulated user broke character: nothing was checked.
     invalid: bool,
+    /// Its scenario of suite `s` (`c` unless said).
+    scenario: &'static str,
 }
 
 pub(super) fn sample(
@@ -45,6 +47,7 @@ pub(super) fn sample(
         answered: false,
         agent: "a",
         invalid: false,
+        scenario: "c",
     }
 }
 
@@ -67,7 +70,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
     for s in samples {
         entries.push(JournalEntry::Node(NodeRecord {
             suite: "s".into(),
-            scenario: "c".into(),
+            scenario: s.scenario.into(),
             agent: s.agent.into(),
             repetition: s.repetition,
             node: s.branch.into(),
@@ -103,7 +106,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         };
         entries.push(JournalEntry::Trajectory(Box::new(TrajectoryRecord {
             suite: "s".into(),
-            scenario: "c".into(),
+            scenario: s.scenario.into(),
             trajectory: s.branch.into(),
             agent: s.agent.into(),
             protocol: "connexity".into(),
@@ -1887,6 +1890,103 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
         .unwrap();
     assert_eq!(latency["verdict"], "regressed", "{latency}");
     assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
+}
+
+/// One scenario of eight became three times slower. Its turns are an eighth of the run's,
+/// so neither the run's median nor its agent's moved; judged alone against the rest of the
+/// run, the scenario regressed, and the gate fails naming it. A scenario with one turn a
+/// side as much slower is not gated (no test can tell one turn from chance), and says so.
+#[tokio::test]
+async fn one_scenario_three_times_slower_fails_the_gate_though_the_run_median_holds() {
+    let runs = tempfile::tempdir().unwrap();
+    const SCENARIOS: [&str; 8] = ["a1", "a2", "a3", "a4", "a5", "a6", "a7", "slow"];
+    let samples = |slow_ms: f64, once_ms: f64| -> Vec<Sample> {
+        let mut all = Vec::new();
+        for scenario in SCENARIOS {
+            let ms = if scenario == "slow" { slow_ms } else { 60.0 };
+            all.extend((0..10).map(|i| Sample {
+                scenario,
+                ..sample("main", i, true, ms + f64::from(i % 7))
+            }));
+        }
+        all.push(Sample {
+            scenario: "once",
+            ..sample("main", 0, true, once_ms)
+        });
+        all
+    };
+    write_run(
+        runs.path(),
+        "base",
+        "2026-01-01T00:00:00Z",
+        &samples(60.0, 60.0),
+    );
+    write_run(
+        runs.path(),
+        "same",
+        "2026-01-02T00:00:00Z",
+        &samples(60.0, 60.0),
+    );
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-03T00:00:00Z",
+        &samples(180.0, 180.0),
+    );
+    let o = compare(runs.path(), &["base", "same"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let run = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "latency_mean_ms")
+        .unwrap();
+    assert_ne!(run["verdict"], "regressed", "{run}");
+    let of = |name: &str| {
+        c["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["scenario"] == name)
+            .unwrap_or_else(|| panic!("no scenario {name}"))["latency"]
+            .clone()
+    };
+    assert_eq!(of("slow")["verdict"], "regressed", "{}", of("slow"));
+    assert!(
+        of("slow")["p_value"].as_f64().unwrap() < 0.001,
+        "{}",
+        of("slow")
+    );
+    assert_eq!(of("a1")["verdict"], "unchanged", "{}", of("a1"));
+    assert_eq!(of("once")["verdict"], "ungated", "{}", of("once"));
+    let regressions = c["regressions"].as_array().unwrap();
+    assert_eq!(regressions.len(), 1, "{regressions:?}");
+    assert!(
+        regressions[0]
+            .as_str()
+            .unwrap()
+            .starts_with("scenario s/slow [a] latency_mean_ms: 62.400 → 182.400 (mean +120 ms"),
+        "{regressions:?}"
+    );
+
+    // The console names it and why; the one-turn scenario says why it is not gated.
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("s/slow [a] latency_mean_ms regressed: mean +120 ms"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "s/once [a] latency_mean_ms not gated: mean +120 ms; too few turns (1 and 1)"
+        ),
+        "{text}"
+    );
 }
 
 /// One agent of two became ten times slower. It answers a third of the turns, so the run's
