@@ -65,6 +65,11 @@ pub enum Behavior {
     /// `Connection: close`), then close the connection 20 ms later: a server that keeps no
     /// connection alive and does not say so.
     RespondThenClose { status: u16, body: String },
+    /// Answer every request with a 200 and [`OK_BODY`] (without `Connection: close`), then
+    /// close the connection `after` it, without reading anything more: a hand-written
+    /// HTTP/1.1 server that keeps no connection and does not say so, closing sooner than
+    /// the client's next turn can wait for.
+    CloseAfterAnswer { after: Duration },
     /// Read a request's head; when it announces a body over `limit` bytes, drop the
     /// connection without reading the body or answering (as some servers with a body size
     /// limit do; the client sees the connection reset while it sends).
@@ -413,6 +418,12 @@ async fn serve_connection(
                 // After the client has taken the answer (and kept the connection), before it
                 // would send again.
                 tokio::time::sleep(Duration::from_millis(20)).await;
+                stream.shutdown().await?;
+                return Ok(());
+            }
+            Behavior::CloseAfterAnswer { after } => {
+                write_response(&mut stream, 200, OK_BODY).await?;
+                tokio::time::sleep(*after).await;
                 stream.shutdown().await?;
                 return Ok(());
             }

@@ -845,7 +845,7 @@ fn plain_fault(
 
 /// How soon after a request goes out a kept-alive connection's close is taken for the
 /// server's idle close racing it, rather than an agent that stopped while it worked.
-const KEEP_ALIVE_RACE: Duration = Duration::from_millis(50);
+pub(super) const KEEP_ALIVE_RACE: Duration = Duration::from_millis(50);
 
 /// What an exchange had achieved when it failed, for the fault message.
 #[derive(Debug, Default)]

@@ -16,6 +16,7 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -75,8 +76,24 @@ impl Address {
     }
 }
 
-/// Idle connections to one address, most recently used last, with when each went idle.
-type Idle = Arc<Mutex<Vec<(Conn, Instant)>>>;
+/// The connections of one address: those idle, and what its server was seen to do with
+/// them.
+type Idle = Arc<Pooled>;
+
+#[derive(Default)]
+struct Pooled {
+    /// Idle connections, most recently used last, with when each went idle.
+    conns: Mutex<Vec<(Conn, Instant)>>,
+    /// A kept-alive connection answered a request: the server keeps connections.
+    answered_on_reuse: AtomicBool,
+    /// A connection stayed open [`CLOSE_GRACE`] after its answer: the server does not
+    /// close each one as soon as it has answered.
+    open_after_grace: AtomicBool,
+    /// The server closes each connection after its answer, whatever HTTP/1.1 says, without
+    /// a `Connection: close` (hand-written servers do): its connections are not kept, so no
+    /// request races its close.
+    closes_after_answer: AtomicBool,
+}
 
 /// What every request to one URL shares, worked out at its first request rather than at
 /// each (a `Host` header formatted, a target parsed, an address allocated and hashed were
@@ -112,6 +129,22 @@ impl Endpoint {
             host: HeaderValue::from_str(&host).ok(),
             address,
             idle,
+        }
+    }
+}
+
+impl Pooled {
+    /// Learns from a request that a reused connection lost `after` it went out, before any
+    /// answer: when no connection here ever answered a second request, the server closes
+    /// each after its answer (the close raced the request), and its connections are no
+    /// longer kept. The lost request is not sent again for it: a server that read it and
+    /// crashed looks the same (`retry-after-send`).
+    fn learn_from_loss(&self, error: &hyper::Error, after: Duration) {
+        if after < super::http::KEEP_ALIVE_RACE
+            && super::http::connection_closed(error)
+            && !self.answered_on_reuse.load(Ordering::Relaxed)
+        {
+            self.closes_after_answer.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -224,7 +257,14 @@ impl PlainPool {
             )));
         };
         let request = || build_request(method, &endpoint, headers, body);
-        if let Some(mut conn) = take(&endpoint.idle) {
+        // Until the server is seen to keep a connection open after its answer, only one
+        // idle for [`CLOSE_GRACE`] is reused: a server that closes each connection just after
+        // its answer without saying so (no `Connection: close`) may still have its close on
+        // the way, and a request sent into it is lost. A fresh connection costs less than
+        // waiting.
+        let proven = endpoint.idle.answered_on_reuse.load(Ordering::Relaxed)
+            || endpoint.idle.open_after_grace.load(Ordering::Relaxed);
+        if let Some(mut conn) = take(&endpoint.idle, proven) {
             // The agent may have closed it while it was idle: the driver, polled before
             // anything is sent, reads the end of the stream and finishes.
             poll_fn(|cx| {
@@ -236,6 +276,16 @@ impl PlainPool {
                 Poll::Ready(())
             })
             .await;
+            if !proven {
+                // Closed after its one answer: a server that closes each one (a fresh
+                // connection for every request from now); open past the grace: one that
+                // keeps them.
+                let flag = match conn.driver {
+                    None => &endpoint.idle.closes_after_answer,
+                    Some(_) => &endpoint.idle.open_after_grace,
+                };
+                flag.store(true, Ordering::Relaxed);
+            }
             let ready = {
                 let Conn { sender, driver } = &mut conn;
                 drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await
@@ -244,6 +294,10 @@ impl PlainPool {
                 let sent = std::time::Instant::now();
                 match exchange(&mut conn, request()).await {
                     Ok(response) => {
+                        endpoint
+                            .idle
+                            .answered_on_reuse
+                            .store(true, Ordering::Relaxed);
                         return Ok(Answer {
                             response,
                             conn,
@@ -251,6 +305,7 @@ impl PlainPool {
                         });
                     }
                     Err(error) if !lost_unanswered(&error, replay_lost) => {
+                        endpoint.idle.learn_from_loss(&error, sent.elapsed());
                         return Err(PlainError::Exchange {
                             error,
                             reused: true,
@@ -324,10 +379,13 @@ impl PlainPool {
     /// Gives a connection whose answer was read to its end back to the pool.
     pub(super) fn release(&self, answer: Answer) {
         let Answer { conn, endpoint, .. } = answer;
-        if conn.driver.is_none() || conn.sender.is_closed() {
+        if conn.driver.is_none()
+            || conn.sender.is_closed()
+            || endpoint.idle.closes_after_answer.load(Ordering::Relaxed)
+        {
             return;
         }
-        let Ok(mut idle) = endpoint.idle.lock() else {
+        let Ok(mut idle) = endpoint.idle.conns.lock() else {
             return;
         };
         if idle.len() < MAX_IDLE_PER_HOST {
@@ -352,10 +410,28 @@ impl PlainPool {
     }
 }
 
+/// How long a connection must have been idle before the first reuse at an endpoint (see
+/// [`PlainPool::send`]): a server that closes each connection after its answer does so
+/// moments after it (a Python server's `close()` after its `sendall`), and a request sent
+/// in between is lost. Until one such connection is found open, requests go on fresh
+/// connections: a few connections more in a run's first milliseconds.
+const CLOSE_GRACE: Duration = Duration::from_millis(5);
+
 /// The most recently used idle connection of `idle` (the likeliest to still be open),
 /// dropping those idle for longer than the pool keeps them.
-fn take(idle: &Idle) -> Option<Conn> {
-    let mut conns = idle.lock().ok()?;
+/// Unless the server is `proven` to keep connections open after an answer, only one idle
+/// for [`CLOSE_GRACE`] or longer (the oldest: the likeliest to show a close) is taken.
+fn take(idle: &Idle, proven: bool) -> Option<Conn> {
+    let mut conns = idle.conns.lock().ok()?;
+    if !proven {
+        conns.retain(|(conn, since)| {
+            since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some()
+        });
+        let ready = conns
+            .first()
+            .is_some_and(|(_, since)| since.elapsed() >= CLOSE_GRACE);
+        return ready.then(|| conns.remove(0).0);
+    }
     while let Some((conn, since)) = conns.pop() {
         if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some() {
             return Some(conn);

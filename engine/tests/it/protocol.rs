@@ -61,6 +61,16 @@ async fn a_byte_order_mark_before_the_json_is_ignored() {
     fault_of(&outcome, FaultCategory::InvalidJson);
 }
 
+/// Until a server has kept a connection open past the pool's grace after an answer, a
+/// connection is reused only once it has been idle that long (a server may close each
+/// connection just after its answer): what the tests of reuse wait for after their first
+/// answer.
+async fn past_close_grace() {
+    tokio::time::sleep(Duration::from_millis(15)).await;
+}
+
+/// Kept alive once the server is seen to keep them: the first reuse waits for a connection
+/// idle past the grace, the rest reuse at once.
 #[tokio::test]
 async fn connections_are_kept_alive() {
     let server = MisbehavingServer::respond(200, OK_BODY).await;
@@ -70,9 +80,22 @@ async fn connections_are_kept_alive() {
             .await
             .result
             .unwrap();
+        if turn_index == 0 {
+            past_close_grace().await;
+        }
     }
     assert_eq!(server.requests(), 3);
     assert_eq!(server.connections(), 1);
+    // Before that, a turn right after an answer goes on a fresh connection.
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let client = self::client(&server.url(), 0, limits(SHORT));
+    for turn_index in 0..2 {
+        respond(&client, &history(), &ctx(turn_index))
+            .await
+            .result
+            .unwrap();
+    }
+    assert_eq!(server.connections(), 2);
 }
 
 #[tokio::test]
@@ -886,6 +909,7 @@ async fn a_request_lost_after_it_was_written_is_not_sent_twice_by_default() {
     let client = client(&server.url(), 2, limits(SHORT));
     let first = respond(&client, &history(), &ctx(0)).await;
     assert!(first.result.is_ok(), "{first:?}");
+    past_close_grace().await;
     let lost = respond(&client, &history(), &ctx(1)).await;
     let why = fault_of(&lost, FaultCategory::Transport);
     // Why it happened and what to do, said once.
@@ -900,6 +924,34 @@ async fn a_request_lost_after_it_was_written_is_not_sent_twice_by_default() {
     // One connection per answered request; the lost one was sent once, on the first.
     assert_eq!(server.requests(), 2);
     assert_eq!(server.connections(), 2);
+}
+
+/// A server that closes each connection a millisecond after its answer, without
+/// `Connection: close`: turns sent one after the other, faster than that, each go out on a
+/// fresh connection, none into a closing one (each was lost, a `transport` fault, when the
+/// connection was reused at once). Once a connection is seen closed the server's are no
+/// longer kept.
+#[tokio::test]
+async fn a_server_that_closes_each_connection_after_its_answer_loses_no_turn() {
+    let server = MisbehavingServer::start(Behavior::CloseAfterAnswer {
+        after: Duration::from_millis(1),
+    })
+    .await;
+    let client = client(&server.url(), 0, limits(SHORT));
+    for turn_index in 0..8 {
+        let outcome = respond(&client, &history(), &ctx(turn_index)).await;
+        assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
+        assert_eq!(outcome.attempts, 1);
+    }
+    // Past the grace: the oldest idle connection is looked at, found closed, and none is
+    // kept from then on.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    for turn_index in 8..12 {
+        let outcome = respond(&client, &history(), &ctx(turn_index)).await;
+        assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
+    }
+    assert_eq!(server.requests(), 12);
+    assert_eq!(server.connections(), 12);
 }
 
 /// A server that closed an idle kept-alive connection before it was reused: found closed
@@ -1088,6 +1140,7 @@ async fn every_http1_framing_is_read_and_the_connection_reused_only_when_it_can_
             .result
             .unwrap_or_else(|f| panic!("turn {turn_index}: {f:?}"));
         replies.push(turn.reply.unwrap_or_default());
+        past_close_grace().await;
     }
     assert_eq!(
         replies,
@@ -1148,6 +1201,9 @@ async fn connections_are_kept_alive_across_the_urls_of_one_address() {
             .await
             .unwrap();
         assert_eq!(answer.status, 200);
+        if session == 0 {
+            past_close_grace().await;
+        }
     }
     assert_eq!(server.requests(), 100);
     assert_eq!(server.connections(), 1);
@@ -1220,6 +1276,7 @@ async fn an_agent_that_dies_while_working_is_told_apart_from_an_idle_close() {
     let url = dies_while_working().await;
     let client = client(&url, 0, limits(SHORT));
     respond(&client, &history(), &ctx(0)).await.result.unwrap();
+    past_close_grace().await;
     let lost = respond(&client, &history(), &ctx(1)).await;
     let why = fault_of(&lost, FaultCategory::Transport);
     assert!(!why.contains("as the request went out"), "{why}");
@@ -1241,6 +1298,7 @@ async fn an_agent_that_dies_while_working_is_told_apart_from_an_idle_close() {
         .await
         .result
         .unwrap();
+    past_close_grace().await;
     let lost = respond(&retrying, &history(), &ctx(1)).await;
     let why = fault_of(&lost, FaultCategory::Transport);
     assert!(why.contains("after the request went out"), "{why}");
