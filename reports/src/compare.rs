@@ -556,16 +556,23 @@ pub fn compare(
             ));
         }
         if s.rate.verdict == Verdict::Regressed {
-            let head_counts = head_scenarios
-                .get(&(s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
-                .map(|h| h.counts);
+            let head_scenario =
+                head_scenarios.get(&(s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()));
+            // An error's fault is the news (`invalid_json: …`): the counts alone say only
+            // that something went wrong.
+            let fault = head_scenario
+                .and_then(|h| h.first_fault.as_deref())
+                .map(|f| format!("; the first fault: {}", clipped(f, 160)))
+                .unwrap_or_default();
             regressions.push(format!(
-                "scenario {}/{} [{}]: {}{}",
+                "scenario {}/{} [{}]: {}{}{fault}",
                 s.suite,
                 s.scenario,
                 s.agent,
                 describe(&s.rate),
-                head_counts.as_ref().map(in_the_head).unwrap_or_default()
+                head_scenario
+                    .map(|h| in_the_head(&h.counts))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -1303,6 +1310,17 @@ pub fn judge_latency(
         mean_change,
         percent(base_mean, mean_change)
     );
+    // A rise past the percentage that the noise floor holds back: said, since the
+    // percentage alone reads as a regression called `unchanged`.
+    let under_floor = (mean_change > base_mean * t.max_latency_increase_pct / 100.0
+        && mean_change <= t.latency_noise_ms)
+        .then(|| {
+            format!(
+                "{mean_said}: past {}%, but not past the {:.0} ms noise floor \
+                 (--latency-noise-ms)",
+                t.max_latency_increase_pct, t.latency_noise_ms
+            )
+        });
     // Too few turns for the test ever to reach alpha (its smallest p-value is one over the
     // number of ways to rank them): the thresholds decide alone, as for one pass against
     // one failure.
@@ -1321,7 +1339,7 @@ pub fn judge_latency(
         } else if past(base_mean, -mean_change) {
             judged(Verdict::Improved, None, None)
         } else {
-            judged(Verdict::Unchanged, None, None)
+            judged(Verdict::Unchanged, None, under_floor)
         };
     };
     let median_change = match (base.p50_ms, head.p50_ms) {
@@ -1384,7 +1402,7 @@ pub fn judge_latency(
             _ => judged(Verdict::Unchanged, p, None),
         }
     } else {
-        judged(Verdict::Unchanged, None, None)
+        judged(Verdict::Unchanged, None, under_floor)
     }
 }
 
@@ -2425,5 +2443,22 @@ mod tests {
         assert_eq!(alone.verdict, Verdict::Regressed, "{alone:?}");
         let many = judge_scenario_latency(&scenario(b, h), 1.0, 200, &t);
         assert_eq!(many.verdict, Verdict::Ungated, "{many:?}");
+    }
+
+    /// +22% past the 20% threshold, +17 ms under the 25 ms floor: unchanged, and it says
+    /// which held it back.
+    #[test]
+    fn a_rise_under_the_noise_floor_says_so() {
+        let base = turns(12, 1.0);
+        let head = turns(12, 1.22);
+        let judged = judge_latency(
+            &latency_of(&base),
+            &latency_of(&head),
+            Some(&scenario(base.clone(), head.clone())),
+            &Thresholds::default(),
+        );
+        assert_eq!(judged.verdict, Verdict::Unchanged, "{judged:?}");
+        let why = judged.why.unwrap();
+        assert!(why.contains("not past the 25 ms noise floor"), "{why}");
     }
 }

@@ -788,11 +788,12 @@ pub fn print_comparison(c: &Comparison) {
     }
     outln!("{metrics}");
     // Why a latency rise is noise (or regressed) is not in the figures.
-    for m in c
-        .metrics
-        .iter()
-        .filter(|m| matches!(m.verdict, Verdict::Noise | Verdict::Regressed))
-    {
+    for m in c.metrics.iter().filter(|m| {
+        matches!(
+            m.verdict,
+            Verdict::Noise | Verdict::Regressed | Verdict::Unchanged
+        )
+    }) {
         if let Some(why) = &m.why {
             let whose = m
                 .agent

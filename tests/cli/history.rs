@@ -123,7 +123,12 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             },
             turns: 1,
             duration_ms: s.latency_ms,
-            fault: None,
+            // As a run records it: the turn's fault ended the trajectory.
+            fault: (s.error && !s.answered).then(|| trellis_engine::record::Fault {
+                category: trellis_engine::record::FaultCategory::Timeout,
+                message: "no answer within 1s".into(),
+                rate_limited: None,
+            }),
             skip_reason: None,
             criteria: vec![CriterionRecord {
                 turn_index: Some(0),
@@ -191,6 +196,33 @@ pub(super) async fn compare(runs: &Path, args: &[&str]) -> std::process::Output 
         .output()
         .await
         .unwrap()
+}
+
+/// A scenario that passed and now ends in errors: its regression line names the fault, not
+/// only the count of errors (the step summary and JUnit had it; the gate's line did not).
+#[tokio::test]
+async fn a_scenario_regressed_by_errors_says_the_fault() {
+    let runs = tempfile::tempdir().unwrap();
+    let samples = |error: bool| -> Vec<Sample> {
+        (0..3)
+            .map(|i| Sample {
+                error,
+                ..sample("main", i, true, 10.0)
+            })
+            .collect()
+    };
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &samples(false));
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &samples(true));
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(
+            "scenario s/c [a]: 3/3 → 0/3 passed (p = 0.050) (in the head run: 3 errors); the \
+             first fault: timeout: no answer within 1s"
+        ),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[tokio::test]
