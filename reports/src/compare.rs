@@ -266,6 +266,9 @@ pub struct TurnLatencies {
     /// The mean turn latency of earlier whole runs of the same suites (the base among
     /// them), the most recent [`SPREAD_WINDOW`] at most: how much identical runs vary here.
     pub earlier_means: Vec<f64>,
+    /// The runs those means are of, in the same order, when known (`trellis runs`' names
+    /// for them): the one that sets the spread is named.
+    pub earlier_runs: Vec<String>,
     /// The same of each agent both runs have, when either run has more than one (their
     /// own `agents` empty). A run's mean and median are mostly its busiest agent's: one
     /// agent ten times slower that answers a minority of the turns moved the median by a
@@ -1375,10 +1378,11 @@ pub fn judge_latency(
             )),
             None => failed.push("the rank test could not be computed".to_owned()),
         }
-        if let Some(slowest) = spread {
+        if let Some((slowest, run)) = spread {
+            let run = run.map(|r| format!(", run {r}")).unwrap_or_default();
             failed.push(format!(
-                "no slower than the slowest of {} earlier runs ({slowest:.0} ms) by more than \
-                 {:.0} ms (a busier machine looks the same)",
+                "no slower than the slowest of {} earlier runs ({slowest:.0} ms{run}) by more \
+                 than {:.0} ms (a busier machine looks the same)",
                 samples.earlier_means.len(),
                 t.latency_noise_ms
             ));
@@ -1633,18 +1637,25 @@ fn u_counts(m: usize, n: usize) -> Vec<f64> {
     row.swap_remove(n)
 }
 
-/// The slowest earlier run's mean, when the head run's mean is no slower than it by more
-/// than the noise floor and enough earlier runs of the same suites are known to say.
-fn within_spread(head_mean: f64, latencies: &TurnLatencies, t: &Thresholds) -> Option<f64> {
+/// The slowest earlier run's mean, and which run it is when known, when the head run's
+/// mean is no slower than it by more than the noise floor and enough earlier runs of the
+/// same suites are known to say.
+fn within_spread<'a>(
+    head_mean: f64,
+    latencies: &'a TurnLatencies,
+    t: &Thresholds,
+) -> Option<(f64, Option<&'a str>)> {
     if latencies.earlier_means.len() < SPREAD_RUNS {
         return None;
     }
-    let slowest = latencies
-        .earlier_means
-        .iter()
-        .copied()
-        .fold(f64::NEG_INFINITY, f64::max);
-    (head_mean <= slowest + t.latency_noise_ms).then_some(slowest)
+    let (at, slowest) = latencies.earlier_means.iter().copied().enumerate().fold(
+        (0, f64::NEG_INFINITY),
+        |(at, max), (i, m)| {
+            if m > max { (i, m) } else { (at, max) }
+        },
+    );
+    let run = latencies.earlier_runs.get(at).map(String::as_str);
+    (head_mean <= slowest + t.latency_noise_ms).then_some((slowest, run))
 }
 
 fn metric(

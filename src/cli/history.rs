@@ -525,7 +525,11 @@ pub fn compare_runs(
 pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies> {
     let base_turns = history::turn_latencies(base)?;
     let head_turns = history::turn_latencies(head)?;
-    let (earlier_means, mut earlier_by_agent) = earlier_latency_means(base, head);
+    let EarlierMeans {
+        means: earlier_means,
+        runs: earlier_runs,
+        by_agent: mut earlier_by_agent,
+    } = earlier_latency_means(base, head);
     let all = |by_agent: &history::AgentLatencies| by_agent.values().flatten().copied().collect();
     let scenarios = base_turns
         .scenarios
@@ -566,6 +570,7 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
         base: all(&base_turns),
         head: all(&head_turns),
         earlier_means,
+        earlier_runs,
         agents,
         scenarios,
     })
@@ -590,8 +595,8 @@ fn agent_turn_latencies(dir: &Path, base: &str, head: &str) -> Option<compare::T
 /// was never gated, or failed its gate on latency, may be the slower agent under test, not
 /// a busier machine: counting it would let every later run as slow pass. A run's mean is that
 /// of the turns its agent answered. Also each agent's mean in the same runs.
-fn earlier_latency_means(base: &Path, head: &Path) -> (Vec<f64>, BTreeMap<String, Vec<f64>>) {
-    let none = || (Vec::new(), BTreeMap::new());
+fn earlier_latency_means(base: &Path, head: &Path) -> EarlierMeans {
+    let none = EarlierMeans::default;
     let Ok(head_entry) = history::read_run(head) else {
         return none();
     };
@@ -620,6 +625,7 @@ fn earlier_latency_means(base: &Path, head: &Path) -> (Vec<f64>, BTreeMap<String
     });
     runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     let mut means = Vec::new();
+    let mut labels = Vec::new();
     let mut by_agent: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mean = |turns: &[f64]| turns.iter().sum::<f64>() / turns.len() as f64;
     for answered in runs
@@ -639,22 +645,36 @@ fn earlier_latency_means(base: &Path, head: &Path) -> (Vec<f64>, BTreeMap<String
         // The turns the agent answered: a faulted turn's latency is its fault (a hung
         // agent's turns are its timeouts), not how busy the machine was; counted, a run of
         // timeouts would excuse any slower agent after it for the next runs.
-        .filter_map(|r| history::answered_turn_latencies(&r.dir))
-        .filter(|answered| answered.values().any(|turns| !turns.is_empty()))
+        .filter_map(|r| Some((r, history::answered_turn_latencies(&r.dir)?)))
+        .filter(|(_, answered)| answered.values().any(|turns| !turns.is_empty()))
         .take(compare::SPREAD_WINDOW)
     {
+        let (run, answered) = answered;
         let all: Vec<f64> = answered.values().flatten().copied().collect();
         means.push(mean(&all));
+        labels.push(run.label().to_owned());
         for (agent, turns) in answered.into_iter().filter(|(_, t)| !t.is_empty()) {
             by_agent.entry(agent).or_default().push(mean(&turns));
         }
     }
-    (means, by_agent)
+    EarlierMeans {
+        means,
+        runs: labels,
+        by_agent,
+    }
+}
+
+/// [`earlier_latency_means`]: the runs' means, which runs they are, and each agent's.
+#[derive(Default)]
+struct EarlierMeans {
+    means: Vec<f64>,
+    runs: Vec<String>,
+    by_agent: BTreeMap<String, Vec<f64>>,
 }
 
 /// The verdict on the mean latency of the comparison recorded in `dir` (`compare.json`,
-/// written by `run --baseline`), if one is: `regressed` when the run's or any agent's
-/// regressed, else the run's.
+/// written by `run --baseline`), if one is: `regressed` when the run's, any agent's or any
+/// scenario's regressed, else the run's.
 fn latency_verdict(dir: &Path) -> Option<String> {
     let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
     let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
@@ -663,6 +683,15 @@ fn latency_verdict(dir: &Path) -> Option<String> {
         .iter()
         .filter(|m| m["metric"] == "latency_mean_ms");
     let mut run = None;
+    // A scenario whose turns regressed: part of the agent under test slower, not the
+    // machine (counted, one missed slowdown let every later one as slow pass).
+    let scenarios = comparison["scenarios"].as_array().into_iter().flatten();
+    if scenarios
+        .into_iter()
+        .any(|s| s["latency"]["verdict"] == "regressed")
+    {
+        return Some("regressed".to_owned());
+    }
     for m in latency {
         let verdict = m["verdict"].as_str();
         if verdict == Some("regressed") {
