@@ -526,12 +526,15 @@ const CLOSING: &[u8] = b"</testsuites>\n";
 
 /// Adds the gate's verdict to the `junit.xml` at `path` as a suite of its own, the last,
 /// replacing one an earlier comparison added: a CI that reads only JUnit sees a regression
-/// the run's own cases do not show (a latency rise, a scenario not run). The totals of
-/// `<testsuites>` are updated. The file is copied through, not read whole.
+/// the run's own cases do not show (a latency rise, a scenario not run). `taken_out`, what
+/// the baseline checked that this run does not (when that does not fail the gate), is said
+/// in the case's output. The totals of `<testsuites>` are updated. The file is copied
+/// through, not read whole.
 pub(crate) fn add_gate(
     path: &Path,
     baseline: &str,
     regressions: &[String],
+    taken_out: Option<&str>,
 ) -> Result<(), ReportError> {
     let io_err = |e| ReportError::io("write", path, e);
     let mut file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
@@ -656,12 +659,15 @@ pub(crate) fn add_gate(
         out,
         "      <system-out>{}</system-out>\n    </testcase>\n  </testsuite>",
         escape(&format!(
-            "compared with the baseline {baseline}: {}",
+            "compared with the baseline {baseline}: {}{}",
             if regressed {
                 "regressed (compare.json, compare.html)"
             } else {
                 "no regression past the thresholds"
-            }
+            },
+            taken_out
+                .map(|what| format!("; but {what}"))
+                .unwrap_or_default()
         ))
     )
     .map_err(io_err)?;

@@ -776,7 +776,12 @@ pub fn add_gate_to_junit(
     baseline: &str,
     comparison: &compare::Comparison,
 ) -> Result<(), ReportError> {
-    junit::add_gate(&run_dir.join(JUNIT_FILE), baseline, &comparison.regressions)
+    junit::add_gate(
+        &run_dir.join(JUNIT_FILE),
+        baseline,
+        &comparison.regressions,
+        comparison.taken_out.as_deref(),
+    )
 }
 
 /// Adds the verdict of `run --baseline`'s comparison to the run's `report.html`: the banner

@@ -253,6 +253,17 @@ fn annotations(
                     ))
                 ));
             }
+            if let Some(what) = c
+                .taken_out
+                .as_ref()
+                .filter(|_| lines.len() < MAX_ANNOTATIONS)
+            {
+                lines.push(format!(
+                    "::warning title={}::{}",
+                    property("Trellis gate"),
+                    data(what)
+                ));
+            }
             // Worse than the baseline by too little to tell from chance: it passes the gate,
             // and a warning on the pull request says so, where only the job summary did (a
             // scenario flaky enough to fail half the time can fall short of the test at a
@@ -343,6 +354,34 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
                 "**Gate: no regression** against the baseline `{}`.\n",
                 code(baseline)
             );
+        }
+        // Fewer checks than the baseline's pass the gate by default: a reviewer is told
+        // which, where they look, rather than only the console.
+        if let Some(what) = &comparison.taken_out {
+            let _ = writeln!(text, "**Note:** {}.\n", markdown(what));
+            let removed: Vec<_> = comparison
+                .scenarios
+                .iter()
+                .filter(|s| s.rate.verdict == Verdict::Removed)
+                .collect();
+            for s in removed.iter().take(MAX_LISTED) {
+                let _ = writeln!(
+                    text,
+                    "- `{}` [{}]: checked in the baseline, not in this run",
+                    code(&format!("{}/{}", s.suite, s.scenario)),
+                    code(&s.agent)
+                );
+            }
+            if removed.len() > MAX_LISTED {
+                let _ = writeln!(
+                    text,
+                    "- and {} more (`compare.json`)",
+                    removed.len() - MAX_LISTED
+                );
+            }
+            if !removed.is_empty() {
+                text.push('\n');
+            }
         }
     }
     let failing: Vec<_> = stats

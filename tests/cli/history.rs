@@ -1004,6 +1004,69 @@ scenario "down" {{
     assert!(errors.iter().all(|e| !e.contains("file=")), "{text}");
 }
 
+/// A scenario the baseline checked, taken out of the suite: it passes the gate (without
+/// `--gate-removed`), and the pull request is told where its reviewers look: a warning
+/// annotation, the job summary naming it, and the JUnit gate case's output; not only the
+/// console.
+#[tokio::test]
+async fn a_scenario_taken_out_is_said_on_the_pull_request_and_in_junit() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("suites")).unwrap();
+    let suite = dir.path().join("suites/s.kdl");
+    let scenario = |name: &str| {
+        format!(
+            "scenario \"{name}\" {{\n    agent \"a\"\n    user \"Hi, I'd like to book a duct \
+             cleaning.\"\n    expect reply contains=\"postal code\"\n}}\n"
+        )
+    };
+    let head = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n";
+    std::fs::write(
+        &suite,
+        format!("{head}{}{}", scenario("kept"), scenario("gone")),
+    )
+    .unwrap();
+    let summary = dir.path().join("step-summary.md");
+    let run = |name: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .current_dir(dir.path())
+            .args(["run", "suites", "--quiet", "--out"])
+            .arg(dir.path().join("runs").join(name))
+            .args(["--max-latency-increase", "100000"])
+            .args(extra)
+            .env("GITHUB_ACTIONS", "true")
+            .env("GITHUB_WORKSPACE", dir.path())
+            .env("GITHUB_STEP_SUMMARY", &summary);
+        command.output()
+    };
+    let o = run("base", &[]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    std::fs::write(&suite, format!("{head}{}", scenario("kept"))).unwrap();
+    std::fs::remove_file(&summary).unwrap();
+    let o = run("head", &["--baseline", "base"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "::warning title=Trellis gate::1 scenario that the base run checked is not in the \
+             head run"
+        ),
+        "{text}"
+    );
+    let written = std::fs::read_to_string(&summary).unwrap();
+    assert!(written.contains("**Gate: no regression**"), "{written}");
+    assert!(written.contains("**Note:** 1 scenario"), "{written}");
+    assert!(
+        written.contains("- `s/gone` [a]: checked in the baseline, not in this run"),
+        "{written}"
+    );
+    let junit = std::fs::read_to_string(dir.path().join("runs/head/junit.xml")).unwrap();
+    assert!(
+        junit.contains("no regression past the thresholds; but 1 scenario that the base run"),
+        "{junit}"
+    );
+}
+
 /// Taking a test out, or running it fewer times, is shown and counted; with `--gate-removed`
 /// it fails the comparison, one line each.
 #[tokio::test]
