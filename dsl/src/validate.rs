@@ -2121,9 +2121,12 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                     continue;
                 }
                 // A `no-tool` on a tool the suite does not declare (the agent's own) may
-                // still be a near miss of one the same scenario checks was called.
+                // still be a near miss of one the same scenario checks was called; not when
+                // the scenario checks that very name was called (then the near miss, if any,
+                // is the other's typo).
                 if matches!(c.kind, CriterionKind::NoTool { .. })
                     && typo_of(name, names.iter().copied()).is_none()
+                    && !called_in(&criteria).any(|n| n == *name)
                     && let Some(best) = typo_of(name, called_in(&criteria).filter(|n| n != name))
                 {
                     out.push(
@@ -2141,6 +2144,38 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                         .with_help(format!(
                             "did you mean `{best}`, which this scenario checks with `tool`? A \
                              `no-tool` on a tool no call can have passes whatever the agent does"
+                        )),
+                    );
+                    continue;
+                }
+                // A called tool the suite does not declare, a near miss of one the scenario's
+                // checks name more often (`tools-in-order "qoute_price"` beside `tool
+                // "quote_price"` and `no-tool "quote_price"`): the rarer spelling is the slip.
+                let uses = |n: &str| named_in(&criteria).filter(|m| *m == n).count();
+                if !matches!(c.kind, CriterionKind::NoTool { .. })
+                    && typo_of(name, names.iter().copied()).is_none()
+                    && let Some(best) = typo_of(
+                        name,
+                        named_in(&criteria).filter(|n| n != name && uses(n) > uses(name)),
+                    )
+                {
+                    out.push(
+                        Diagnostic::at_span(
+                            Kind::UnknownTool,
+                            format!(
+                                "`{}` names a tool `{name}` the suite does not declare, and \
+                                 this scenario's other checks spell `{best}`",
+                                c.text
+                            ),
+                            &project.files,
+                            c.span,
+                            "no such tool",
+                        )
+                        .with_help(format!(
+                            "did you mean `{best}`, as {} other checks of this scenario write it? A check \
+                             on a tool no call can have fails (`tool`, `tools-in-order`) whatever \
+                             the agent does",
+                            uses(best)
                         )),
                     );
                     continue;
@@ -2416,6 +2451,20 @@ fn called_in<'c>(criteria: &[&'c Criterion]) -> impl Iterator<Item = &'c str> + 
     criteria.iter().flat_map(|c| {
         let names: Vec<&'c str> = match &c.kind {
             CriterionKind::Tool { name, .. } => vec![name.as_str()],
+            CriterionKind::ToolsInOrder(list) => list.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        names
+    })
+}
+
+/// Every tool name the checks write: those called, and those not (`no-tool`).
+fn named_in<'c>(criteria: &[&'c Criterion]) -> impl Iterator<Item = &'c str> + Clone {
+    criteria.iter().flat_map(|c| {
+        let names: Vec<&'c str> = match &c.kind {
+            CriterionKind::Tool { name, .. } | CriterionKind::NoTool { name: Some(name) } => {
+                vec![name.as_str()]
+            }
             CriterionKind::ToolsInOrder(list) => list.iter().map(String::as_str).collect(),
             _ => Vec::new(),
         };

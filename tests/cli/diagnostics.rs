@@ -1693,6 +1693,43 @@ scenario "booked" {
     assert!(said.contains("s.kdl:11:"), "{said}");
 }
 
+/// A typo in a `tools-in-order` of a tool the scenario checks elsewhere: the warning is at
+/// the typo, with the spelling the other checks use; a `no-tool` spelt right, of a tool the
+/// scenario checks was called, is not warned (it was, at the wrong line, with the typo as
+/// the suggestion).
+#[tokio::test]
+async fn a_tools_in_order_typo_is_warned_at_the_typo() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+scenario "price" {
+    user "How much is it?"
+    expect {
+        no-tool "quote_price"
+    }
+    user "My postal code is V5K 0A1."
+    expect tool "quote_price"
+    criteria {
+        tools-in-order "check_service_area" "qoute_price"
+    }
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::unknown_tool").count(), 1, "{said}");
+    assert!(said.contains("s.kdl:10:9"), "{said}");
+    assert!(
+        said.contains("did you mean `quote_price`, as 2 other checks of this scenario write it?"),
+        "{said}"
+    );
+    assert!(!said.contains("did you mean `qoute_price`"), "{said}");
+}
+
 /// A scenario file `trellis import` converts, included as if it were a suite, is said to
 /// be one (it was the KDL parser's "Found invalid node name"), as when it is given to the
 /// command.
