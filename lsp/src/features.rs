@@ -456,9 +456,21 @@ impl Server {
         let Some(path) = to_path(&pos.text_document.uri) else {
             return Ok(None);
         };
-        if p.new_name.is_empty() || p.new_name.contains(['"', '\\', '\n']) {
+        if p.new_name.is_empty() {
+            return Err("an id cannot be empty".to_owned());
+        }
+        // As `check` takes ids: shown on terminals, in CI logs and in reports.
+        if let Some(c) = p.new_name.chars().find(|c| c.is_control()) {
             return Err(format!(
-                "`{}` cannot be an id: ids are written in quotes and hold no `\"`, `\\` or newline",
+                "{:?} cannot be an id: it holds a control character (U+{:04X}), which no id \
+                 holds",
+                p.new_name,
+                u32::from(c)
+            ));
+        }
+        if p.new_name.contains(['"', '\\']) {
+            return Err(format!(
+                "`{}` cannot be an id: ids are written in quotes and hold no `\"` or `\\`",
                 p.new_name
             ));
         }

@@ -1033,6 +1033,29 @@ fn rename_gives_an_agent_an_id_with_a_slash() {
     );
 }
 
+/// A new id `check` would refuse is refused, saying why: empty, or holding a control
+/// character (a tab was renamed to).
+#[test]
+fn rename_refuses_an_empty_id_and_a_control_character() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "rename", "file": "agents.kdl", "line": 0, "character": 8, "to": ""},
+        {"do": "rename", "file": "agents.kdl", "line": 0, "character": 8, "to": "tab\there"},
+    ]);
+    let out = session(dir.path(), steps);
+    let refused = |i: usize| {
+        out[i]["refused"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{out:?}"))
+    };
+    assert!(refused(2).contains("an id cannot be empty"), "{out:?}");
+    assert!(
+        refused(3).contains("it holds a control character (U+0009)"),
+        "{out:?}"
+    );
+}
+
 /// A new, empty buffer beside the project: its warning is on it, at its start, and the other
 /// files have nothing (the error "holds no suite" was published on another file too).
 #[test]

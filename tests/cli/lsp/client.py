@@ -134,8 +134,12 @@ async def main(binary, project, script):
                 {"file": Path(l.uri.removeprefix("file://")).name, "line": l.range.start.line}
                 for l in (r or [])]}), flush=True)
         elif kind == "rename":
-            r = await client.text_document_rename_async(t.RenameParams(
-                text_document=ident, position=pos, new_name=step["to"]))
+            try:
+                r = await client.text_document_rename_async(t.RenameParams(
+                    text_document=ident, position=pos, new_name=step["to"]))
+            except Exception as refusal:  # the server's error answer: the refusal's message
+                print(json.dumps({"step": kind, "refused": str(refusal)}), flush=True)
+                continue
             edits, texts = {}, {}
             for u, es in ((r.changes or {}) if r else {}).items():
                 edits[Path(u.removeprefix("file://")).name] = len(es)
