@@ -928,7 +928,7 @@ impl Console {
                 outln!(
                     "    {} fault: {}",
                     f.category.as_str(),
-                    untrusted(&f.message)
+                    untrusted_under(&f.message, "      ")
                 );
             }
             for c in t.criteria.iter().filter(|c| c.status.is_failure()) {
@@ -946,7 +946,7 @@ impl Console {
                     "    {mark}{at}{}{}\n      {}",
                     c.criterion,
                     self.site_of(t, c),
-                    untrusted(c.detail.as_deref().unwrap_or(""))
+                    untrusted_under(c.detail.as_deref().unwrap_or(""), "        ")
                 );
             }
             // Failed with nothing failed: `--strict` turned what did not run into a failure.
@@ -1555,9 +1555,37 @@ pub(super) fn untrusted(text: &str) -> std::borrow::Cow<'_, str> {
     trellis_engine::record::shown::visible_controls_but(text, &['\n', '\t'])
 }
 
+/// [`untrusted`], its lines after the first indented by `indent`: an agent's stderr or a
+/// traceback in a fault stays inside the failure it belongs to, rather than reading as a
+/// line of its own at the margin of a CI log.
+pub(super) fn untrusted_under<'t>(text: &'t str, indent: &str) -> std::borrow::Cow<'t, str> {
+    let shown = untrusted(text);
+    if !shown.contains('\n') {
+        return shown;
+    }
+    let mut out = String::with_capacity(shown.len() + indent.len() * 4);
+    for (i, line) in shown.trim_end_matches('\n').split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+            out.push_str(indent);
+        }
+        out.push_str(line);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    #[test]
+    fn a_multi_line_text_stays_indented_under_its_first_line() {
+        assert_eq!(super::untrusted_under("one line", "  "), "one line");
+        assert_eq!(
+            super::untrusted_under("stderr: boom\nTraceback: KeyError 'x'\n", "      "),
+            "stderr: boom\n      Traceback: KeyError 'x'"
+        );
+    }
 
     #[test]
     fn a_path_is_one_shell_word() {
