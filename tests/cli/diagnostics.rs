@@ -1693,6 +1693,36 @@ scenario "booked" {
     assert!(said.contains("s.kdl:11:"), "{said}");
 }
 
+/// A misspelt endpoint or dataset `path` is one error, its own: not also "agent has no
+/// endpoint" (shown first, before the typo that caused it) or "undefined dataset" at the
+/// `for-each` naming a dataset that is declared.
+#[tokio::test]
+async fn a_misspelt_endpoint_or_dataset_path_is_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rows.csv"), "q\nhi\n").unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "desk" protocol="connexity" bultin="booking"
+dataset "rows" pth="rows.csv"
+scenario "each" for-each="rows" {
+    agent "desk"
+    user "hi"
+    expect no-error
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(said.contains("2 errors in suite files"), "{said}");
+    assert!(said.contains("did you mean `builtin`?"), "{said}");
+    assert!(said.contains("did you mean `path`?"), "{said}");
+    assert!(!said.contains("has no endpoint"), "{said}");
+    assert!(!said.contains("undefined dataset"), "{said}");
+}
+
 /// A typo in a `tools-in-order` of a tool the scenario checks elsewhere: the warning is at
 /// the typo, with the spelling the other checks use; a `no-tool` spelt right, of a tool the
 /// scenario checks was called, is not warned (it was, at the wrong line, with the typo as

@@ -218,7 +218,15 @@ impl Decoder<'_> {
         self.settings_of_other_protocols(v, &s, id, protocol);
         let mut settings = self.protocol_settings(&s, protocol);
         self.protocol_nodes(v, &s, id, protocol, &mut settings);
-        let endpoint = self.endpoint(&s, id, protocol);
+        // A misspelt endpoint (`bultin=`) is reported as an unknown property, with the
+        // spelling meant: "has no endpoint" as well would be the same mistake twice, first.
+        let endpoint_misspelt = v.props.iter().filter_map(|e| e.name()).any(|n| {
+            let name = n.value();
+            s.get(name).is_none()
+                && !ENDPOINTS.contains(&name)
+                && did_you_mean(name, ENDPOINTS.iter().copied()).is_some()
+        });
+        let endpoint = self.endpoint(&s, id, protocol, endpoint_misspelt);
         self.protocol_check(
             protocol,
             &AgentSettings {
@@ -348,6 +356,7 @@ impl Decoder<'_> {
         s: &Settings,
         id: &Spanned<String>,
         protocol: Protocol,
+        misspelt: bool,
     ) -> Option<Endpoint> {
         let allowed: Vec<&str> = protocol
             .spec()
@@ -420,7 +429,7 @@ impl Decoder<'_> {
         }
         let first = match valid.as_slice() {
             [] => {
-                if ok {
+                if ok && !misspelt {
                     let d = self
                         .diag(
                             Kind::InvalidEndpoint,

@@ -473,11 +473,17 @@ impl<'f> Decoder<'f> {
         let usage = "dataset \"ID\" path=\"data/cases.csv\"";
         let id = self.id_arg(v, "an id", usage)?;
         self.check(v, &lang::decls::DATASET, usage);
+        // Known, though broken: its error is its own, not also "undefined dataset" at each
+        // `for-each` that names it.
         let Some(path_entry) = v.prop("path") else {
+            self.info.declare(RefKind::Dataset, &id.value);
             self.missing(v, "`path=…`", usage);
             return None;
         };
-        let path = self.spanned_string(path_entry)?;
+        let Some(path) = self.spanned_string(path_entry) else {
+            self.info.declare(RefKind::Dataset, &id.value);
+            return None;
+        };
         let dir = self
             .files
             .get(self.file)
