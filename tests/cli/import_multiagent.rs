@@ -376,11 +376,11 @@ async fn a_judge_rubric_trellis_does_not_have_is_reported_not_sent_or_fatal() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let suite = std::fs::read_to_string(&out).unwrap();
     assert!(
-        suite.contains("expect judge \"known_score\" threshold=0.5 rubric=\"policy_adherence\""),
+        suite.contains("expect judge \"The agent handles this request well: hi\" threshold=0.5 rubric=\"policy_adherence\""),
         "{suite}"
     );
     assert!(
-        suite.contains("expect judge \"spelt_score\" threshold=0.5 rubric=\"policy_adherence\""),
+        suite.contains("expect judge \"The agent handles this request well: hi\" threshold=0.5 rubric=\"policy_adherence\""),
         "{suite}"
     );
     for name in ["policy_adherance", "hipaa_custom"] {
@@ -409,7 +409,9 @@ async fn a_judged_metric_asks_the_judge_the_files_question_not_its_id() {
      {"metric": "luna_judge_score", "threshold": 0.8,
       "judge_config": {"judge_rubric": "Did the agent refund order A1 without exceeding policy?"}},
      {"metric": "tone_score", "threshold": 0.6, "expected": "The agent apologises once",
-      "judge_config": {"judge_rubric": "Grade the tone from 0 to 1."}}]}],
+      "judge_config": {"judge_rubric": "Grade the tone from 0 to 1."}},
+     {"metric": "luna_judge_score", "threshold": 0.7,
+      "judge_config": {"judge_rubric": "policy_adherence"}}]}],
    "edges": []},
  "evaluation": {}}"#,
     )
@@ -427,6 +429,14 @@ async fn a_judged_metric_asks_the_judge_the_files_question_not_its_id() {
     assert!(
         suite.contains(
             "expect judge \"The agent apologises once\" threshold=0.6 rubric=\"Grade the tone from 0 to 1.\""
+        ),
+        "{suite}"
+    );
+    // A rubric's name and no words of the file's own: the node's task is what is judged.
+    assert!(
+        suite.contains(
+            "expect judge \"The agent handles this request well: refund A1\" threshold=0.7 \
+             rubric=\"policy_adherence\""
         ),
         "{suite}"
     );

@@ -1127,20 +1127,26 @@ impl Reader {
                             .flat_map(|s| s.expects.iter().cloned())
                             .collect();
                         match classify_metric(name, object, &written) {
-                            Metric::Judged => match object.map(|m| judge_criterion(m, None)) {
-                                Some(Ok((criterion, remarks))) => {
-                                    criteria.push(criterion);
-                                    for remark in remarks {
-                                        self.unmapped(format!("`evaluation.metrics`: {remark}"));
+                            Metric::Judged => {
+                                match object.map(|m| judge_criterion(m, None, None)) {
+                                    Some(Ok((criterion, remarks))) => {
+                                        criteria.push(criterion);
+                                        for remark in remarks {
+                                            self.unmapped(format!(
+                                                "`evaluation.metrics`: {remark}"
+                                            ));
+                                        }
                                     }
+                                    Some(Err(why)) => self.unmapped(format!(
+                                        "`evaluation.metrics` entry {} ({why})",
+                                        brief(metric)
+                                    )),
+                                    None => criteria.push(format!(
+                                        "judge {}",
+                                        kdl_string(&literal_template(name))
+                                    )),
                                 }
-                                Some(Err(why)) => self.unmapped(format!(
-                                    "`evaluation.metrics` entry {} ({why})",
-                                    brief(metric)
-                                )),
-                                None => criteria
-                                    .push(format!("judge {}", kdl_string(&literal_template(name)))),
-                            },
+                            }
                             Metric::NoViolations => {
                                 criteria.push("violations max=0".into());
                                 if let Some(remark) = violations_threshold_remark(
@@ -1831,7 +1837,8 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
                 continue;
             }
         }
-        match judge_criterion(c, Some(&["expect_refusal", "requires_llm_judge"][..])) {
+        let task = Some(step.message.as_str()).filter(|t| !t.trim().is_empty());
+        match judge_criterion(c, Some(&["expect_refusal", "requires_llm_judge"][..]), task) {
             Ok((criterion, remarks)) => {
                 step.expects.push(criterion);
                 step.unmapped.extend(remarks);
@@ -1892,10 +1899,13 @@ fn keyword_match(
 
 /// `{metric, threshold, judge_config?, expected?}` as `judge "STATEMENT" threshold=…
 /// rubric=…` (the statement: `expected`, else a `judge_rubric` written as a sentence, else
-/// the metric's name), plus what of it was not written (the judge's provider and model: the DSL's judge nodes carry those).
+/// the `task` the criterion's node sends, as "The agent handles this request well: …", else
+/// the metric's name), plus what of it was not written (the judge's provider and model:
+/// the DSL's judge nodes carry those).
 fn judge_criterion(
     c: &Map<String, Value>,
     also_known: Option<&[&str]>,
+    task: Option<&str>,
 ) -> Result<(String, Vec<String>), String> {
     let metric = c
         .get("metric")
@@ -1913,8 +1923,16 @@ fn judge_criterion(
     }
     let rubric_text = sentence(c.get("judge_config").and_then(|j| j.get("judge_rubric")));
     let expected = sentence(c.get("expected"));
-    let statement = expected.or(rubric_text).unwrap_or(metric);
-    let mut out = format!("judge {}", kdl_string(&literal_template(statement)));
+    let statement = match expected.or(rubric_text) {
+        Some(own) => own.to_owned(),
+        // A metric id (`luna_judge_score`) asked of a judge is no statement: the node's task
+        // is what the harness's judge scored the answer against.
+        None => match task {
+            Some(task) => format!("The agent handles this request well: {}", task.trim()),
+            None => metric.to_owned(),
+        },
+    };
+    let mut out = format!("judge {}", kdl_string(&literal_template(&statement)));
     match c.get("threshold") {
         None | Some(Value::Null) => {}
         Some(t) => {
