@@ -1161,6 +1161,14 @@ fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<
                     }
                 }
                 Err(why) => {
+                    // A `row.NAME` of no column: the template check says so, with the column
+                    // meant; "invalid history" of each instance as well was the typo twice.
+                    let row = sc.instance.as_deref().and_then(|i| i.row.as_deref());
+                    if let (Some(row), Some(name)) = (row, undefined_row_field(&why))
+                        && !row.contains_key(name)
+                    {
+                        continue;
+                    }
                     let at = || match sc.instance.as_deref() {
                         Some(Instance {
                             dataset: Some(d),

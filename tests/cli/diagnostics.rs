@@ -1723,6 +1723,40 @@ scenario "each" for-each="rows" {
     assert!(!said.contains("undefined dataset"), "{said}");
 }
 
+/// A `history` template reading a column the dataset lacks is one error, the template's
+/// with the column meant, not also "invalid history" of every instance.
+#[tokio::test]
+async fn a_history_from_a_misspelt_column_is_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("convs.jsonl"),
+        "{\"id\": \"c1\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n\
+         {\"id\": \"c2\", \"messages\": [{\"role\": \"user\", \"content\": \"yo\"}]}\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+dataset "convs" path="convs.jsonl"
+scenario "replayed" for-each="convs" {
+    agent "a"
+    row-id "{{ row.id }}"
+    history "{{ row.mesages }}"
+    user "what did I ask"
+    expect no-error
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(said.contains("1 error in suite files"), "{said}");
+    assert!(said.contains("did you mean `row.messages`?"), "{said}");
+    assert!(!said.contains("invalid history"), "{said}");
+}
+
 /// A typo in a `tools-in-order` of a tool the scenario checks elsewhere: the warning is at
 /// the typo, with the spelling the other checks use; a `no-tool` spelt right, of a tool the
 /// scenario checks was called, is not warned (it was, at the wrong line, with the typo as
