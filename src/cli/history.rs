@@ -637,8 +637,11 @@ fn earlier_latency_means(base: &Path, head: &Path) -> EarlierMeans {
             };
             match latency_verdict(&r.dir).as_deref() {
                 Some("regressed") => false,
-                // Not gated on latency: counted when it came no later than the base.
-                None | Some("not_comparable") => before_base,
+                // Not gated on latency: counted when it came no later than the base. Nor
+                // is a rise its gate let through as `noise`: counted, one slower run that
+                // got through (its median a hair short of the bar) raised the bar for the
+                // next, and every later run of an agent twice as slow passed.
+                None | Some("not_comparable" | "noise") => before_base,
                 Some(_) => true,
             }
         })

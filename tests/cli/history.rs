@@ -2331,17 +2331,27 @@ async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
 
-    // Gated and passed (a busier machine the gate let through): they count.
-    for name in ["slow1", "slow2", "slow3"] {
-        std::fs::write(
-            runs.path().join(name).join("compare.json"),
-            serde_json::json!({"metrics": [
-                {"metric": "latency_mean_ms", "verdict": "noise"}
-            ]})
-            .to_string(),
-        )
-        .unwrap();
-    }
+    // Gated, and let through as `noise`: a rise the gate could not tell from the machine,
+    // which may be the slower agent getting through; counted, each raised the bar for the
+    // next (an agent twice as slow passed every run after one lucky median). Not counted.
+    let verdict = |verdict: &str| {
+        for name in ["slow1", "slow2", "slow3"] {
+            std::fs::write(
+                runs.path().join(name).join("compare.json"),
+                serde_json::json!({"metrics": [
+                    {"metric": "latency_mean_ms", "verdict": verdict}
+                ]})
+                .to_string(),
+            )
+            .unwrap();
+        }
+    };
+    verdict("noise");
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+
+    // Gated and unchanged: they count.
+    verdict("unchanged");
     let o = compare(runs.path(), &["base", "head", "--json"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     // The verdict names the run that set the spread, to be looked at when it was a slower
@@ -2356,7 +2366,7 @@ async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
         std::fs::write(
             runs.path().join(name).join("compare.json"),
             serde_json::json!({
-                "metrics": [{"metric": "latency_mean_ms", "verdict": "noise"}],
+                "metrics": [{"metric": "latency_mean_ms", "verdict": "unchanged"}],
                 "scenarios": [{"scenario": "c", "latency": {"verdict": "regressed"}}]
             })
             .to_string(),
