@@ -806,9 +806,22 @@ pub fn compare(
                 Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
                 None => String::new(),
             };
+            // Named, the first few: where only this sentence is shown (an annotation, a
+            // JUnit case's output), "2 scenarios" alone sent the reader to look for them.
+            const NAMED: usize = 3;
+            let named: Vec<&str> = removed
+                .iter()
+                .take(NAMED)
+                .map(|r| r.split(": checked").next().unwrap_or(r))
+                .collect();
+            let more = match removed.len().saturating_sub(NAMED) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
             parts.push(format!(
-                "{kinds} that the base run checked {} not in the head run (verdict `removed`)",
-                if removed.len() == 1 { "is" } else { "are" }
+                "{kinds} that the base run checked {} not in the head run (verdict `removed`: {}{more})",
+                if removed.len() == 1 { "is" } else { "are" },
+                named.join(", ")
             ));
         }
         if !fewer.is_empty() {

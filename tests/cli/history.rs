@@ -1087,8 +1087,8 @@ async fn gate_removed_fails_on_what_the_head_run_no_longer_checks() {
     assert!(
         text.contains(
             "note: 1 branch that the base run checked is not in the head run (verdict \
-             `removed`), and 2 scenarios or branches are checked in fewer repetitions: they do \
-             not fail the comparison unless --gate-removed is given"
+             `removed`: branch s/c dropped [a]), and 2 scenarios or branches are checked in fewer \
+             repetitions: they do not fail the comparison unless --gate-removed is given"
         ),
         "{text}"
     );
@@ -2693,7 +2693,8 @@ async fn what_the_head_run_no_longer_has_is_counted_once_by_kind() {
     assert!(
         text.contains(
             "note: 1 scenario, 1 branch and 1 check that the base run checked are not in the \
-             head run (verdict `removed`)"
+             head run (verdict `removed`: scenario s/two [shop], branch s/one y [shop], check \
+             s/one x [shop] (turn 0) `reply contains=\"a\"`)"
         ),
         "{text}"
     );
