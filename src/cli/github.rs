@@ -253,6 +253,25 @@ fn annotations(
                     ))
                 ));
             }
+            // A latency rise the gate let through as noise: on the pull request, as a pass
+            // rate's drop within chance is (only the console and compare.json said it).
+            for (whose, why) in latency_noise(c) {
+                if lines.len() >= MAX_ANNOTATIONS {
+                    break;
+                }
+                let (place, whose) = match whose {
+                    Whose::Run(whose) => (String::new(), whose),
+                    Whose::Scenario(s) => (
+                        place(&s.suite, &s.scenario),
+                        format!("{}/{} [{}]", s.suite, s.scenario, s.agent),
+                    ),
+                };
+                lines.push(format!(
+                    "::warning {place}title={}::{}",
+                    property(&format!("{whose} slower (within noise)")),
+                    data(&why)
+                ));
+            }
             if let Some(what) = c
                 .taken_out
                 .as_ref()
@@ -315,6 +334,53 @@ fn annotations(
     lines
 }
 
+/// Whose latency rose past the thresholds but was let through as noise.
+enum Whose<'c> {
+    /// The run's (`run`) or an agent's (`agent NAME`).
+    Run(String),
+    Scenario(&'c trellis_reports::compare::ScenarioChange),
+}
+
+/// Each latency the gate let through as `noise` though it rose, with why, run and agents
+/// first.
+fn latency_noise(c: &Comparison) -> Vec<(Whose<'_>, String)> {
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.0} ms")).unwrap_or_default();
+    let mut out = Vec::new();
+    for m in c.metrics.iter().filter(|m| {
+        m.metric == "latency_mean_ms"
+            && m.verdict == Verdict::Noise
+            && m.delta.is_some_and(|d| d > 0.0)
+    }) {
+        let whose = match &m.agent {
+            Some(agent) => format!("agent {agent}"),
+            None => "run".to_owned(),
+        };
+        out.push((
+            Whose::Run(whose),
+            format!(
+                "mean turn {} → {}: {}",
+                ms(m.base),
+                ms(m.head),
+                m.why.as_deref().unwrap_or_default()
+            ),
+        ));
+    }
+    for s in &c.scenarios {
+        if let Some(l) = s.latency.as_ref().filter(|l| l.verdict == Verdict::Noise) {
+            out.push((
+                Whose::Scenario(s),
+                format!(
+                    "mean turn {} → {}: {}",
+                    ms(s.base_latency_mean_ms),
+                    ms(s.head_latency_mean_ms),
+                    l.why.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    out
+}
+
 /// The job summary: counts, the gate's verdict and regressions, the failing scenarios, and
 /// where the results are.
 fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>) -> String {
@@ -354,6 +420,22 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
                 "**Gate: no regression** against the baseline `{}`.\n",
                 code(baseline)
             );
+        }
+        let noise = latency_noise(comparison);
+        if !noise.is_empty() {
+            let _ = writeln!(text, "Slower, but within the latency gate's noise:\n");
+            for (whose, why) in noise.iter().take(MAX_LISTED) {
+                let whose = match whose {
+                    Whose::Run(whose) => whose.clone(),
+                    Whose::Scenario(s) => format!(
+                        "`{}` [{}]",
+                        code(&format!("{}/{}", s.suite, s.scenario)),
+                        code(&s.agent)
+                    ),
+                };
+                let _ = writeln!(text, "- {whose}: {}", markdown(why));
+            }
+            text.push('\n');
         }
         // Fewer checks than the baseline's pass the gate by default: a reviewer is told
         // which, where they look, rather than only the console.
@@ -584,6 +666,61 @@ mod tests {
     use super::*;
 
     /// A rise too small to tell from chance is noise too: said as better, not as worse.
+    /// A latency rise the gate let through as noise (the run's, and a scenario's) is a
+    /// warning on the pull request and a line of the job summary, not only the console's.
+    #[test]
+    fn latency_let_through_as_noise_is_a_warning_and_in_the_summary() {
+        let run = |id: &str| {
+            serde_json::json!({"run_id": id, "name": null, "dir": id,
+            "started_at": "2026-12-06T00:00:00Z", "finished": true, "stopped": false})
+        };
+        let rate = serde_json::json!({"base": {"passed": 3, "samples": 3},
+            "head": {"passed": 3, "samples": 3}, "delta_points": 0.0, "p_value": null,
+            "verdict": "unchanged"});
+        let comparison: Comparison = serde_json::from_value(serde_json::json!({
+            "base": run("b"), "head": run("h"),
+            "thresholds": {"max_pass_rate_drop": 0.0, "max_score_drop": 5.0,
+                "max_latency_increase_pct": 20.0, "latency_noise_ms": 25.0, "alpha": 0.05,
+                "gate_untrusted_judges": false, "gate_removed": false},
+            "metrics": [{"metric": "latency_mean_ms", "base": 79.0, "head": 118.0,
+                "delta": 39.0, "threshold": 20.0, "p_value": 0.0001, "verdict": "noise",
+                "why": "mean +39 ms (+50%); but the median turn moved +25 ms"}],
+            "scenarios": [{"suite": "bot", "scenario": "order", "agent": "bot", "rate": rate,
+                "base_latency_mean_ms": 60.0, "head_latency_mean_ms": 102.0,
+                "latency": {"verdict": "noise", "why": "its turns are 1.70× the base's"}}],
+            "branches": [], "criteria": [], "regressions": [], "regressed": false,
+            "untrusted_judges": [], "score_gate_refused": null
+        }))
+        .unwrap();
+        let lines = annotations(
+            &Locations(HashMap::new()),
+            &RunStats::default(),
+            Some(("b", &comparison)),
+        );
+        assert_eq!(
+            lines,
+            [
+                "::warning title=run slower (within noise)::mean turn 79 ms → 118 ms: mean +39 \
+                 ms (+50%25); but the median turn moved +25 ms",
+                "::warning title=bot/order [bot] slower (within noise)::mean turn 60 ms → 102 \
+                 ms: its turns are 1.70× the base's",
+            ]
+        );
+        let text = summary(
+            &RunStats::default(),
+            Path::new("out"),
+            Some(("b", &comparison)),
+        );
+        assert!(
+            text.contains("Slower, but within the latency gate's noise:\n\n- run: mean turn"),
+            "{text}"
+        );
+        assert!(
+            text.contains("- `bot/order` [bot]: mean turn 60 ms"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_gate_note_says_which_way_a_change_within_chance_went() {
         use trellis_reports::compare::{RateChange, Tally};
