@@ -541,8 +541,15 @@ fn float(v: f64) -> Value {
     Number::from_f64(v).map_or(Value::Null, Value::Number)
 }
 
+/// Bytes as their text when they are UTF-8, else as base64: a replacement character for
+/// each byte that is not could not be turned back into the bytes (`b"\x00\xff"` read
+/// `"\u0000\u{fffd}"`).
 fn bytes_text(bytes: &[u8]) -> Value {
-    Value::String(String::from_utf8_lossy(bytes).into_owned())
+    use base64::Engine as _;
+    Value::String(match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => base64::engine::general_purpose::STANDARD.encode(bytes),
+    })
 }
 
 /// A list array's values as JSON arrays (or objects, when `shape` says the lists are maps).
@@ -779,6 +786,14 @@ mod iso {
 pub(crate) mod tests {
     use super::*;
     use polars_core::prelude::*;
+
+    /// UTF-8 bytes read as their text; any other bytes as base64, which turns back into
+    /// them (a replacement character did not).
+    #[test]
+    fn bytes_are_text_when_utf8_and_base64_otherwise() {
+        assert_eq!(bytes_text(b"caf\xc3\xa9"), Value::String("café".into()));
+        assert_eq!(bytes_text(b"\x00\xff"), Value::String("AP8=".into()));
+    }
     use polars_io::prelude::*;
 
     /// A small dataset as pandas or polars would write it: typed columns, statistics, a
