@@ -610,7 +610,7 @@ pub fn warnings(project: &Project, env: impl Fn(&str) -> Option<String>) -> Vec<
                     Kind::NoChecks,
                     format!(
                         "scenario `{shown}` checks nothing: its trajectories will be skipped, \
-                         not passed"
+                         not passed (an `error` where a turn faults)"
                     ),
                     files,
                     sc.id.span,

@@ -51,7 +51,12 @@ pub enum Behavior {
     /// Answer the first request on each connection with `body` and keep the connection
     /// open; close it, without a byte, when the next request arrives on it (a server that
     /// times out idle keep-alive connections just as the client reuses one).
-    CloseReused { body: String },
+    CloseReused {
+        body: String,
+        /// How long each answer takes (a turn that takes a while leaves the connection
+        /// of the turn before idle long enough for the client to reuse it).
+        delay: Duration,
+    },
     /// Answer every request with a 200 and `body`, except requests whose header `header`
     /// is `value` once `after` of those were answered: they get no answer, their connection
     /// held open until the client goes (a process stalled mid-run, to be killed there).
@@ -399,7 +404,10 @@ async fn serve_connection(
         }
         match behavior {
             Behavior::HangAfter { body, .. } => write_response(&mut stream, 200, body).await?,
-            Behavior::CloseReused { body } => write_response(&mut stream, 200, body).await?,
+            Behavior::CloseReused { body, delay } => {
+                tokio::time::sleep(*delay).await;
+                write_response(&mut stream, 200, body).await?
+            }
             Behavior::RefuseLargeBody { .. } => return Ok(()),
             Behavior::Respond { status, body } => {
                 write_response(&mut stream, *status, body).await?
