@@ -104,6 +104,9 @@ pub enum Kind {
     /// A warning of `trellis check`: a check that no agent can pass, by the suite's own
     /// arithmetic (`expect turns max=0` after a `user` step).
     NeverPasses,
+    /// A warning of `trellis check`: a CSV column whose fields read as numbers in some rows
+    /// and as text in others (`02134` beside `10001`), CSV being typed field by field.
+    MixedColumn,
 }
 
 impl Kind {
@@ -148,6 +151,7 @@ impl Kind {
             Kind::EmptyFile => "trellis::empty_file",
             Kind::NotJson => "trellis::not_json",
             Kind::NeverPasses => "trellis::never_passes",
+            Kind::MixedColumn => "trellis::mixed_column",
         }
     }
 }
@@ -194,7 +198,8 @@ impl Diagnostic {
                 | Kind::Unplayed
                 | Kind::EmptyFile
                 | Kind::NotJson
-                | Kind::NeverPasses => Severity::Warning,
+                | Kind::NeverPasses
+                | Kind::MixedColumn => Severity::Warning,
                 _ => Severity::Error,
             },
         }

@@ -31,11 +31,12 @@ type HashedSet<T> = std::collections::HashSet<T, foldhash::fast::FixedState>;
 
 /// Reads every dataset (filter, sample and limit applied as rows stream by), records their
 /// columns in `info` for the template checks, and reports unreadable files, bad rows and
-/// `for-each` references to no dataset.
+/// `for-each` references to no dataset; CSV columns of two types go to `warnings`.
 pub(crate) fn read_datasets(
     project: &Project,
     info: &mut LoadInfo,
     diags: &mut Vec<Diagnostic>,
+    warnings: &mut Vec<Diagnostic>,
 ) -> Tables {
     let files = &project.files;
     let mut tables = Tables::new();
@@ -58,6 +59,7 @@ pub(crate) fn read_datasets(
         seen.insert(&ds.id.value, ds.id.span);
         match read_one(ds, files, diags) {
             Ok(Some((columns, rows))) => {
+                mixed_columns(ds, &columns, &rows, files, warnings);
                 // No row and no declared column (an empty JSON array): nothing to check
                 // `row.*` against, and nothing will run.
                 let known = (!columns.is_empty()).then(|| columns.clone());
@@ -110,6 +112,76 @@ pub(crate) fn read_datasets(
 
 /// Rows of a heterogeneous file (JSON Lines whose objects differ) get every column, absent
 /// ones as `null`, so `row.x` means the same in every instance.
+/// Warns of each column of a CSV dataset whose fields read as numbers in some rows and as
+/// text in others: CSV has no types, a field is typed alone (`10001` a number, `02134`
+/// text), so a template comparing the column (`row.zip > 10000`) meets both, and the
+/// `row` column of the tables holds both (a typed decode of it fails).
+fn mixed_columns(
+    ds: &Dataset,
+    columns: &[String],
+    rows: &[dataset::Row],
+    files: &[SourceFile],
+    diags: &mut Vec<Diagnostic>,
+) {
+    let csv = ds
+        .resolved
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv") || e.eq_ignore_ascii_case("tsv"));
+    if !csv {
+        return;
+    }
+    for column in columns {
+        // Rows of numbers, and of non-empty text with the first such row and its field.
+        let (mut numbers, mut texts) = (0usize, (0usize, 0usize, ""));
+        for row in rows {
+            match row.fields.get(column) {
+                Some(Value::Number(_)) => numbers += 1,
+                Some(Value::String(text)) if !text.is_empty() => {
+                    if texts.0 == 0 {
+                        texts = (0, row.number, text.as_str());
+                    }
+                    texts.0 += 1;
+                }
+                _ => {}
+            }
+        }
+        if numbers == 0 || texts.0 == 0 {
+            continue;
+        }
+        let shown: String = texts.2.chars().take(40).collect();
+        diags.push(
+            Diagnostic::at_span(
+                Kind::MixedColumn,
+                format!(
+                    "column `{column}` of dataset `{}` reads as a number in {} and as text in {} \
+                     (row {}: `{shown}`)",
+                    ds.id.value,
+                    rows_said(numbers),
+                    rows_said(texts.0),
+                    texts.1
+                ),
+                files,
+                ds.path.span,
+                "a column of two types",
+            )
+            .with_help(format!(
+                "CSV is typed field by field (`007` and `1.50` stay text, `10001` is a number): \
+                 compare it as text in templates (`row.{column} | string`), or write its values \
+                 alike"
+            )),
+        );
+    }
+}
+
+fn rows_said(n: usize) -> String {
+    if n == 1 {
+        "1 row".to_owned()
+    } else {
+        format!("{n} rows")
+    }
+}
+
 fn fill_columns(columns: &[String], rows: Vec<Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|row| {

@@ -316,6 +316,9 @@ pub struct Project {
     /// step under them plays, by their names' spans: `trellis check` warns about them
     /// (`trellis::unplayed`).
     pub unplayed: Vec<Spanned<&'static str>>,
+    /// CSV dataset columns of two types, found as their files were read: `trellis check`
+    /// warns about them (`trellis::mixed_column`).
+    pub column_warnings: Vec<crate::diagnostics::Diagnostic>,
 }
 
 impl Project {

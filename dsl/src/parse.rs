@@ -129,7 +129,10 @@ fn load_from<P: AsRef<Path>>(
         project.empty_files = empty_files;
     }
     project.unplayed = std::mem::take(&mut info.unplayed);
-    let tables = crate::expand::read_datasets(&project, &mut info, &mut diags);
+    let mut column_warnings = Vec::new();
+    let tables =
+        crate::expand::read_datasets(&project, &mut info, &mut diags, &mut column_warnings);
+    project.column_warnings = column_warnings;
     let (problems, env_reads) = validate::validate_reading_env(&project, &info);
     diags.extend(problems);
     project.env_reads = env_reads;

@@ -572,7 +572,7 @@ pub(crate) fn empty_files(project: &Project, ids: &[FileId], kind: Kind) -> Vec<
 /// rest of [`Kind`]'s warnings. `env` reads a variable as `trellis run` would.
 pub fn warnings(project: &Project, env: impl Fn(&str) -> Option<String>) -> Vec<Diagnostic> {
     let files = &project.files;
-    let mut out = Vec::new();
+    let mut out = project.column_warnings.clone();
     // Instances of one `for-each` / `matrix` scenario share its steps: one warning for all.
     let mut warned: HashSet<(Span, &str)> = HashSet::new();
     // Built only when some scenario has needs: a project of 100,000 dataset instances and

@@ -1757,6 +1757,53 @@ scenario "replayed" for-each="convs" {
     assert!(!said.contains("invalid history"), "{said}");
 }
 
+/// A CSV column typed differently from row to row (`02134` text, `10001` a number) is
+/// warned of, naming the column, the counts and the first text field; a JSON Lines file's
+/// own types are the author's, and are not.
+#[tokio::test]
+async fn a_csv_column_of_two_types_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("z.csv"),
+        "id,zip,amount\na,02134,10\nb,10001,12.5\nc,94105,20\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("z.jsonl"),
+        "{\"zip\": \"02134\"}\n{\"zip\": 10001}\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+dataset "z" path="z.csv"
+dataset "j" path="z.jsonl"
+scenario "s" for-each="z" {
+    user "zip {{ row.zip }}"
+    expect no-error
+}
+scenario "t" for-each="j" {
+    user "zip {{ row.zip }}"
+    expect no-error
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::mixed_column").count(), 1, "{said}");
+    assert!(
+        said.contains(
+            "column `zip` of dataset `z` reads as a number in 2 rows and as text in 1 row (row \
+             1: `02134`)"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:2:18"), "{said}");
+}
+
 /// A typo in a `tools-in-order` of a tool the scenario checks elsewhere: the warning is at
 /// the typo, with the spelling the other checks use; a `no-tool` spelt right, of a tool the
 /// scenario checks was called, is not warned (it was, at the wrong line, with the typo as
