@@ -193,7 +193,15 @@ pub fn runs(args: RunsArgs) -> u8 {
                 Some(refused) if !*force => Err(refused),
                 _ => history::pin_run(&entry).map(|()| entry),
             })
-            .map(|entry| format!("run {} is now the pinned baseline", entry.label())),
+            .map(|entry| {
+                format!(
+                    "run {} is now the pinned baseline{}",
+                    entry.label(),
+                    failed_its_gate(&entry.dir)
+                        .map(|why| format!("\nwarning: {why}"))
+                        .unwrap_or_default()
+                )
+            }),
         Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run).and_then(|entry| {
             if !entry.baseline {
                 return Ok(format!(
@@ -673,6 +681,27 @@ struct EarlierMeans {
     means: Vec<f64>,
     runs: Vec<String>,
     by_agent: BTreeMap<String, Vec<f64>>,
+}
+
+/// What a run's own `--baseline` comparison (`compare.json`) found, when it failed: pinned,
+/// its regressions become the bar later runs are held to, which is worth a word (a run
+/// pinned by id or name may not be the one meant).
+fn failed_its_gate(dir: &Path) -> Option<String> {
+    let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
+    let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    if comparison["regressed"] != true {
+        return None;
+    }
+    let regressions = comparison["regressions"].as_array().map_or(0, Vec::len);
+    let first = comparison["regressions"][0].as_str().unwrap_or_default();
+    Some(format!(
+        "it failed its own gate against {} ({}; the first: {first}): later runs are now held \
+         to what it regressed",
+        comparison["base"]["run_id"]
+            .as_str()
+            .unwrap_or("its baseline"),
+        console::count(regressions as u64, "regression", "regressions"),
+    ))
 }
 
 /// The verdict on the mean latency of the comparison recorded in `dir` (`compare.json`,

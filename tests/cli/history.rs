@@ -198,6 +198,41 @@ pub(super) async fn compare(runs: &Path, args: &[&str]) -> std::process::Output 
         .unwrap()
 }
 
+/// Pinning a run that failed its own gate (its `compare.json` says so) pins it, and warns:
+/// its regressions become the bar.
+#[tokio::test]
+async fn pinning_a_run_that_failed_its_gate_warns() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "slow",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    std::fs::write(
+        runs.path().join("slow/compare.json"),
+        serde_json::json!({"regressed": true, "base": {"run_id": "base-1"},
+            "regressions": ["run latency_mean_ms: 60 → 180"]})
+        .to_string(),
+    )
+    .unwrap();
+    let o = trellis()
+        .args(["runs", "pin", "slow", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "warning: it failed its own gate against base-1 (1 regression; the first: run \
+             latency_mean_ms: 60 → 180)"
+        ),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// A scenario that passed and now ends in errors: its regression line names the fault, not
 /// only the count of errors (the step summary and JUnit had it; the gate's line did not).
 #[tokio::test]
