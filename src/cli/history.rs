@@ -253,8 +253,20 @@ fn list(dir: &Path, json: bool) -> u8 {
         outln!("no runs in {}", dir.display());
         return EXIT_OK;
     }
-    let mut table = console::table(&[
-        "run",
+    // The directory `--out` gave a run, when any differs from its id: what the person who
+    // made the runs knows them by (`runs/slow3`), which `runs pin slow3` takes.
+    let dir_name = |run: &history::RunEntry| {
+        run.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let with_dirs = runs.iter().any(|r| dir_name(r) != r.run_id);
+    let mut headers = vec!["run"];
+    if with_dirs {
+        headers.push("dir");
+    }
+    headers.extend([
         "name",
         "started",
         "traj.",
@@ -263,9 +275,14 @@ fn list(dir: &Path, json: bool) -> u8 {
         "labels",
         "state",
     ]);
+    let mut table = console::table(&headers);
     for run in &runs {
-        table.add_row(vec![
-            Cell::new(&run.run_id),
+        let mut row = vec![Cell::new(&run.run_id)];
+        if with_dirs {
+            let name = dir_name(run);
+            row.push(Cell::new(if name == run.run_id { "" } else { &name }));
+        }
+        row.extend(vec![
             Cell::new(run.name.as_deref().unwrap_or("")),
             Cell::new(run.started_at.as_deref().unwrap_or("-")),
             Cell::new(run.trajectories.map_or("-".into(), |n| n.to_string())),
@@ -280,6 +297,7 @@ fn list(dir: &Path, json: bool) -> u8 {
             ),
             Cell::new(state(run)),
         ]);
+        table.add_row(row);
     }
     outln!("{table}");
     outln!(

@@ -923,6 +923,9 @@ async fn the_runs_list_says_how_many_trajectories_were_invalid() {
     assert_eq!(listed[0]["invalid"], 6);
     let o = list(false).await.unwrap();
     assert!(stdout(&o).contains("6 invalid"), "{}", stdout(&o));
+    // The directory `--out` gave it, beside its id: what its maker knows it by.
+    assert!(stdout(&o).contains("┆ dir "), "{}", stdout(&o));
+    assert!(stdout(&o).contains("┆ sim "), "{}", stdout(&o));
 }
 
 /// In a workflow whose step runs in a subdirectory (`working-directory: evals`), the
