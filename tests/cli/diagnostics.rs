@@ -1804,6 +1804,32 @@ scenario "t" for-each="j" {
     assert!(said.contains("s.kdl:2:18"), "{said}");
 }
 
+/// `foreach=` is one error, the unknown property with the spelling meant: its `row-id` and
+/// `row.*` are read as for `for-each=`, not each reported as reading no dataset.
+#[tokio::test]
+async fn a_misspelt_for_each_is_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rows.csv"), "id,q\n1,hi\n").unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+dataset "rows" path="rows.csv"
+scenario "each" foreach="rows" {
+    row-id "{{ row.id }}"
+    user "{{ row.q }}"
+    expect no-error
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(said.contains("1 error in suite files"), "{said}");
+    assert!(said.contains("did you mean `for-each`?"), "{said}");
+}
+
 /// A typo in a `tools-in-order` of a tool the scenario checks elsewhere: the warning is at
 /// the typo, with the spelling the other checks use; a `no-tool` spelt right, of a tool the
 /// scenario checks was called, is not warned (it was, at the wrong line, with the typo as

@@ -57,8 +57,19 @@ impl<'f> Decoder<'f> {
             first_turn: FirstTurn::default(),
             steps: Default::default(),
             criteria: Default::default(),
+            // A misspelt `foreach=` is reported as an unknown property, with the spelling
+            // meant, and read as meant: its `row-id` and `row.*` are then checked against its
+            // dataset, rather than each reported as reading no dataset (three errors for one
+            // slip).
             for_each: v
                 .prop("for-each")
+                .or_else(|| {
+                    v.props.iter().rev().copied().find(|e| {
+                        e.name().is_some_and(|n| {
+                            crate::diagnostics::did_you_mean(n.value(), ["for-each"]).is_some()
+                        })
+                    })
+                })
                 .and_then(|e| self.spanned_string(e))
                 .map(Box::new),
             row_id: None,
