@@ -126,6 +126,8 @@ pub struct Stats {
     pub recorded: Mutex<Vec<Recorded>>,
     /// Requests [`Behavior::HangAfter`] recognised by their header, answered or not.
     pub tagged: AtomicUsize,
+    /// Connections [`Behavior::CloseReused`] closed on a second request, unanswered.
+    pub closed_unanswered: AtomicUsize,
     /// Signalled each time a connection handler finishes.
     pub connection_done: Notify,
 }
@@ -240,6 +242,11 @@ impl MisbehavingServer {
     /// Requests [`Behavior::HangAfter`] recognised by their header so far.
     pub fn tagged(&self) -> usize {
         self.stats.tagged.load(Ordering::SeqCst)
+    }
+
+    /// Connections [`Behavior::CloseReused`] closed on a second request, unanswered.
+    pub fn closed_unanswered(&self) -> usize {
+        self.stats.closed_unanswered.load(Ordering::SeqCst)
     }
 }
 
@@ -381,6 +388,7 @@ async fn serve_connection(
         };
         on_connection += 1;
         if matches!(behavior, Behavior::CloseReused { .. }) && on_connection > 1 {
+            stats.closed_unanswered.fetch_add(1, Ordering::SeqCst);
             return Ok(());
         }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst);

@@ -86,9 +86,6 @@ struct Pooled {
     conns: Mutex<Vec<(Conn, Instant)>>,
     /// A kept-alive connection answered a request: the server keeps connections.
     answered_on_reuse: AtomicBool,
-    /// A connection stayed open [`CLOSE_GRACE`] after its answer: the server does not
-    /// close each one as soon as it has answered.
-    open_after_grace: AtomicBool,
     /// The server closes each connection after its answer, whatever HTTP/1.1 says, without
     /// a `Connection: close` (hand-written servers do): its connections are not kept, so no
     /// request races its close.
@@ -134,13 +131,16 @@ impl Endpoint {
 }
 
 impl Pooled {
-    /// Learns from a request that a reused connection lost `after` it went out, before any
-    /// answer: when no connection here ever answered a second request, the server closes
-    /// each after its answer (the close raced the request), and its connections are no
-    /// longer kept. The lost request is not sent again for it: a server that read it and
-    /// crashed looks the same (`retry-after-send`).
-    fn learn_from_loss(&self, error: &hyper::Error, after: Duration) {
+    /// Learns from a request that a reused connection, `idle` before it, lost `after` it
+    /// went out, before any answer: when no connection here ever answered a second request
+    /// and this one was idle only moments, the server closes each after its answer (the
+    /// close raced the request), and its connections are no longer kept. The lost request
+    /// is not sent again for that (a server that read it and crashed looks the same:
+    /// `retry-after-send`). A connection idle for long was closed as idle, as keep-alive
+    /// servers do (uvicorn and Node after 5 s): nothing is learned from it.
+    fn learn_from_loss(&self, error: &hyper::Error, after: Duration, idle: Duration) {
         if after < super::http::KEEP_ALIVE_RACE
+            && idle < CLOSED_AS_IDLE
             && super::http::connection_closed(error)
             && !self.answered_on_reuse.load(Ordering::Relaxed)
         {
@@ -257,14 +257,19 @@ impl PlainPool {
             )));
         };
         let request = || build_request(method, &endpoint, headers, body);
-        // Until the server is seen to keep a connection open after its answer, only one
-        // idle for [`CLOSE_GRACE`] is reused: a server that closes each connection just after
-        // its answer without saying so (no `Connection: close`) may still have its close on
-        // the way, and a request sent into it is lost. A fresh connection costs less than
+        // Until a connection to the server has answered a second request, only one idle for
+        // [`CLOSE_GRACE`] is reused: a server that closes each connection just after its
+        // answer without saying so (no `Connection: close`) may still have its close on the
+        // way, and a request sent into it is lost. A fresh connection costs less than
         // waiting.
-        let proven = endpoint.idle.answered_on_reuse.load(Ordering::Relaxed)
-            || endpoint.idle.open_after_grace.load(Ordering::Relaxed);
-        if let Some(mut conn) = take(&endpoint.idle, proven) {
+        let proven = endpoint.idle.answered_on_reuse.load(Ordering::Relaxed);
+        if let Some((mut conn, idle)) = take(&endpoint.idle, proven) {
+            if !proven {
+                // The runtime polls its I/O driver before this task goes on: a close that
+                // has reached the socket is then seen by the poll below, even when this
+                // thread was too busy to take the event in.
+                tokio::task::yield_now().await;
+            }
             // The agent may have closed it while it was idle: the driver, polled before
             // anything is sent, reads the end of the stream and finishes.
             poll_fn(|cx| {
@@ -276,15 +281,14 @@ impl PlainPool {
                 Poll::Ready(())
             })
             .await;
-            if !proven {
-                // Closed after its one answer: a server that closes each one (a fresh
-                // connection for every request from now); open past the grace: one that
-                // keeps them.
-                let flag = match conn.driver {
-                    None => &endpoint.idle.closes_after_answer,
-                    Some(_) => &endpoint.idle.open_after_grace,
-                };
-                flag.store(true, Ordering::Relaxed);
+            // Closed moments after its one answer: a server that closes each one (a fresh
+            // connection for every request from now). Closed after a long idle: closed as
+            // idle, as keep-alive servers do.
+            if !proven && conn.driver.is_none() && idle < CLOSED_AS_IDLE {
+                endpoint
+                    .idle
+                    .closes_after_answer
+                    .store(true, Ordering::Relaxed);
             }
             let ready = {
                 let Conn { sender, driver } = &mut conn;
@@ -305,7 +309,7 @@ impl PlainPool {
                         });
                     }
                     Err(error) if !lost_unanswered(&error, replay_lost) => {
-                        endpoint.idle.learn_from_loss(&error, sent.elapsed());
+                        endpoint.idle.learn_from_loss(&error, sent.elapsed(), idle);
                         return Err(PlainError::Exchange {
                             error,
                             reused: true,
@@ -319,6 +323,7 @@ impl PlainPool {
                     // reports: the agent may have run the request (a server that died
                     // under it), which a refused connect alone would hide.
                     Err(error) => {
+                        endpoint.idle.learn_from_loss(&error, sent.elapsed(), idle);
                         let lost = PlainError::Exchange {
                             error,
                             reused: true,
@@ -410,18 +415,24 @@ impl PlainPool {
     }
 }
 
-/// How long a connection must have been idle before the first reuse at an endpoint (see
-/// [`PlainPool::send`]): a server that closes each connection after its answer does so
-/// moments after it (a Python server's `close()` after its `sendall`), and a request sent
-/// in between is lost. Until one such connection is found open, requests go on fresh
-/// connections: a few connections more in a run's first milliseconds.
+/// How long a connection must have been idle before it is reused, until a connection to
+/// its server has answered a second request (see [`PlainPool::send`]): a server that closes
+/// each connection after its answer does so moments after it (a Python server's `close()`
+/// after its `sendall`), and a request sent in between is lost. Until then, requests go on
+/// fresh connections: a few connections more in a run's first milliseconds.
 const CLOSE_GRACE: Duration = Duration::from_millis(5);
+
+/// A connection found closed after being idle this long was closed as idle (keep-alive
+/// servers close idle connections after seconds), not by a server that closes each
+/// connection after its answer, which does so within moments.
+const CLOSED_AS_IDLE: Duration = Duration::from_secs(1);
 
 /// The most recently used idle connection of `idle` (the likeliest to still be open),
 /// dropping those idle for longer than the pool keeps them.
 /// Unless the server is `proven` to keep connections open after an answer, only one idle
-/// for [`CLOSE_GRACE`] or longer (the oldest: the likeliest to show a close) is taken.
-fn take(idle: &Idle, proven: bool) -> Option<Conn> {
+/// for [`CLOSE_GRACE`] or longer (the oldest: the likeliest to show a close) is taken. With
+/// how long it was idle.
+fn take(idle: &Idle, proven: bool) -> Option<(Conn, Duration)> {
     let mut conns = idle.conns.lock().ok()?;
     if !proven {
         conns.retain(|(conn, since)| {
@@ -430,11 +441,14 @@ fn take(idle: &Idle, proven: bool) -> Option<Conn> {
         let ready = conns
             .first()
             .is_some_and(|(_, since)| since.elapsed() >= CLOSE_GRACE);
-        return ready.then(|| conns.remove(0).0);
+        return ready.then(|| {
+            let (conn, since) = conns.remove(0);
+            (conn, since.elapsed())
+        });
     }
     while let Some((conn, since)) = conns.pop() {
         if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some() {
-            return Some(conn);
+            return Some((conn, since.elapsed()));
         }
     }
     None

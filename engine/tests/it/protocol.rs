@@ -882,9 +882,15 @@ async fn a_request_lost_by_a_reused_connection_is_sent_again_when_the_agent_allo
         let outcome = respond(&client, &history(), &ctx(turn_index)).await;
         assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
         assert_eq!(outcome.attempts, 1);
+        // Past the grace: the next turn reuses the connection, and the server closes it.
+        past_close_grace().await;
     }
     assert_eq!(server.requests(), 3);
+    // The first connection answered the first turn and lost the second, which went again
+    // on a second; a server that lost a reused connection's request at once is taken for
+    // one that keeps none, so the third turn went on a third.
     assert_eq!(server.connections(), 3);
+    assert_eq!(server.closed_unanswered(), 1);
 }
 
 /// The same server, for an agent that does not say a second sending is harmless: the
