@@ -110,8 +110,6 @@ pub(crate) fn read_datasets(
     tables
 }
 
-/// Rows of a heterogeneous file (JSON Lines whose objects differ) get every column, absent
-/// ones as `null`, so `row.x` means the same in every instance.
 /// Warns of each column of a CSV dataset whose fields read as numbers in some rows and as
 /// text in others: CSV has no types, a field is typed alone (`10001` a number, `02134`
 /// text), so a template comparing the column (`row.zip > 10000`) meets both, and the
@@ -127,7 +125,11 @@ fn mixed_columns(
         .resolved
         .extension()
         .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("csv") || e.eq_ignore_ascii_case("tsv"));
+        .is_some_and(|e| {
+            ["csv", "tsv", "tab"]
+                .iter()
+                .any(|c| e.eq_ignore_ascii_case(c))
+        });
     if !csv {
         return;
     }
@@ -182,6 +184,8 @@ fn rows_said(n: usize) -> String {
     }
 }
 
+/// Rows of a heterogeneous file (JSON Lines whose objects differ) get every column, absent
+/// ones as `null`, so `row.x` means the same in every instance.
 fn fill_columns(columns: &[String], rows: Vec<Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|row| {

@@ -240,16 +240,39 @@ fn annotations(
                 .filter(|(_, l)| l.verdict == Verdict::Regressed)
                 .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
             {
-                let ms = |v: Option<f64>| v.map(|v| format!("{v:.0} ms")).unwrap_or_default();
                 lines.push(format!(
                     "::error {}title={}::{}",
                     place(&s.suite, &s.scenario),
                     property(&format!("{}/{} [{}] slower", s.suite, s.scenario, s.agent)),
+                    data(&mean_turn_said(
+                        s.base_latency_mean_ms,
+                        s.head_latency_mean_ms,
+                        latency.why.as_deref()
+                    ))
+                ));
+            }
+            // Worse than the baseline by too little to tell from chance: it passes the gate,
+            // and a warning on the pull request says so, where only the job summary did (a
+            // scenario flaky enough to fail half the time can fall short of the test at a
+            // low `repeat`).
+            for s in c
+                .scenarios
+                .iter()
+                .filter(|s| {
+                    s.rate.verdict == Verdict::Noise && s.rate.delta_points.is_some_and(|d| d < 0.0)
+                })
+                .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
+            {
+                lines.push(format!(
+                    "::warning {}title={}::{}",
+                    place(&s.suite, &s.scenario),
+                    property(&format!(
+                        "{}/{} [{}] worse (within chance)",
+                        s.suite, s.scenario, s.agent
+                    )),
                     data(&format!(
-                        "mean turn {} → {}: {}",
-                        ms(s.base_latency_mean_ms),
-                        ms(s.head_latency_mean_ms),
-                        latency.why.as_deref().unwrap_or_default()
+                        "{}; a higher `repeat` tells a real drop from chance",
+                        gate_note(&s.rate).unwrap_or_default()
                     ))
                 ));
             }
@@ -283,31 +306,6 @@ fn annotations(
                     data(what)
                 ));
             }
-            // Worse than the baseline by too little to tell from chance: it passes the gate,
-            // and a warning on the pull request says so, where only the job summary did (a
-            // scenario flaky enough to fail half the time can fall short of the test at a
-            // low `repeat`).
-            for s in c
-                .scenarios
-                .iter()
-                .filter(|s| {
-                    s.rate.verdict == Verdict::Noise && s.rate.delta_points.is_some_and(|d| d < 0.0)
-                })
-                .take(MAX_ANNOTATIONS.saturating_sub(lines.len()))
-            {
-                lines.push(format!(
-                    "::warning {}title={}::{}",
-                    place(&s.suite, &s.scenario),
-                    property(&format!(
-                        "{}/{} [{}] worse (within chance)",
-                        s.suite, s.scenario, s.agent
-                    )),
-                    data(&format!(
-                        "{}; a higher `repeat` tells a real drop from chance",
-                        gate_note(&s.rate).unwrap_or_default()
-                    ))
-                ));
-            }
         }
         None => {
             for s in stats
@@ -334,6 +332,17 @@ fn annotations(
     lines
 }
 
+/// `mean turn 61 ms → 180 ms: WHY`.
+fn mean_turn_said(base: Option<f64>, head: Option<f64>, why: Option<&str>) -> String {
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.0} ms")).unwrap_or_default();
+    format!(
+        "mean turn {} → {}: {}",
+        ms(base),
+        ms(head),
+        why.unwrap_or_default()
+    )
+}
+
 /// Whose latency rose past the thresholds but was let through as noise.
 enum Whose<'c> {
     /// The run's (`run`) or an agent's (`agent NAME`).
@@ -344,7 +353,6 @@ enum Whose<'c> {
 /// Each latency the gate let through as `noise` though it rose, with why, run and agents
 /// first.
 fn latency_noise(c: &Comparison) -> Vec<(Whose<'_>, String)> {
-    let ms = |v: Option<f64>| v.map(|v| format!("{v:.0} ms")).unwrap_or_default();
     let mut out = Vec::new();
     for m in c.metrics.iter().filter(|m| {
         m.metric == "latency_mean_ms"
@@ -357,23 +365,17 @@ fn latency_noise(c: &Comparison) -> Vec<(Whose<'_>, String)> {
         };
         out.push((
             Whose::Run(whose),
-            format!(
-                "mean turn {} → {}: {}",
-                ms(m.base),
-                ms(m.head),
-                m.why.as_deref().unwrap_or_default()
-            ),
+            mean_turn_said(m.base, m.head, m.why.as_deref()),
         ));
     }
     for s in &c.scenarios {
         if let Some(l) = s.latency.as_ref().filter(|l| l.verdict == Verdict::Noise) {
             out.push((
                 Whose::Scenario(s),
-                format!(
-                    "mean turn {} → {}: {}",
-                    ms(s.base_latency_mean_ms),
-                    ms(s.head_latency_mean_ms),
-                    l.why.as_deref().unwrap_or_default()
+                mean_turn_said(
+                    s.base_latency_mean_ms,
+                    s.head_latency_mean_ms,
+                    l.why.as_deref(),
                 ),
             ));
         }
@@ -434,6 +436,13 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
                     ),
                 };
                 let _ = writeln!(text, "- {whose}: {}", markdown(why));
+            }
+            if noise.len() > MAX_LISTED {
+                let _ = writeln!(
+                    text,
+                    "- and {} more (`compare.json`)",
+                    noise.len() - MAX_LISTED
+                );
             }
             text.push('\n');
         }
@@ -665,7 +674,6 @@ fn markdown(text: &str) -> String {
 mod tests {
     use super::*;
 
-    /// A rise too small to tell from chance is noise too: said as better, not as worse.
     /// A latency rise the gate let through as noise (the run's, and a scenario's) is a
     /// warning on the pull request and a line of the job summary, not only the console's.
     #[test]
@@ -721,6 +729,7 @@ mod tests {
         );
     }
 
+    /// A rise too small to tell from chance is noise too: said as better, not as worse.
     #[test]
     fn a_gate_note_says_which_way_a_change_within_chance_went() {
         use trellis_reports::compare::{RateChange, Tally};

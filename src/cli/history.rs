@@ -194,13 +194,10 @@ pub fn runs(args: RunsArgs) -> u8 {
                 _ => history::pin_run(&entry).map(|()| entry),
             })
             .map(|entry| {
-                format!(
-                    "run {} is now the pinned baseline{}",
-                    entry.label(),
-                    failed_its_gate(&entry.dir)
-                        .map(|why| format!("\nwarning: {why}"))
-                        .unwrap_or_default()
-                )
+                if let Some(why) = failed_its_gate(&entry.dir) {
+                    errln!("warning: {why}");
+                }
+                format!("run {} is now the pinned baseline", entry.label())
             }),
         Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run).and_then(|entry| {
             if !entry.baseline {
@@ -724,7 +721,7 @@ fn failed_its_gate(dir: &Path) -> Option<String> {
 
 /// The verdict on the mean latency of the comparison recorded in `dir` (`compare.json`,
 /// written by `run --baseline`), if one is: `regressed` when the run's, any agent's or any
-/// scenario's regressed, else the run's.
+/// scenario's regressed, `noise` when the run's or an agent's was, else the run's.
 fn latency_verdict(dir: &Path) -> Option<String> {
     let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
     let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
@@ -742,6 +739,7 @@ fn latency_verdict(dir: &Path) -> Option<String> {
     {
         return Some("regressed".to_owned());
     }
+    let mut agent_noise = false;
     for m in latency {
         let verdict = m["verdict"].as_str();
         if verdict == Some("regressed") {
@@ -749,9 +747,15 @@ fn latency_verdict(dir: &Path) -> Option<String> {
         }
         if m.get("agent").is_none_or(serde_json::Value::is_null) {
             run = verdict.map(str::to_owned);
+        } else if verdict == Some("noise") {
+            agent_noise = true;
         }
     }
-    run
+    // An agent's rise let through as noise is the run's, for what counts in the spread.
+    match run {
+        Some(verdict) if agent_noise && verdict != "noise" => Some("noise".to_owned()),
+        run => run,
+    }
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.

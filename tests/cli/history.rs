@@ -224,12 +224,17 @@ async fn pinning_a_run_that_failed_its_gate_warns() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains(
+        stdout(&o).contains("is now the pinned baseline"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains(
             "warning: it failed its own gate against base-1 (1 regression; the first: run \
              latency_mean_ms: 60 → 180)"
         ),
         "{}",
-        stdout(&o)
+        stderr(&o)
     );
 }
 
@@ -2397,6 +2402,21 @@ async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
     let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let why = c["metrics"][1]["why"].as_str().unwrap().to_owned();
     assert!(why.contains(" ms, run 20260104T000000Z-slow3)"), "{why}");
+
+    // The run's latency unchanged but an agent's let through as noise: as the run's.
+    for name in ["slow1", "slow2", "slow3"] {
+        std::fs::write(
+            runs.path().join(name).join("compare.json"),
+            serde_json::json!({"metrics": [
+                {"metric": "latency_mean_ms", "verdict": "unchanged"},
+                {"metric": "latency_mean_ms", "agent": "a", "verdict": "noise"}
+            ]})
+            .to_string(),
+        )
+        .unwrap();
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
 
     // Two of them passed their gate on the run's latency but regressed on a scenario's: a
     // slower agent in part, not a busier machine. Not counted (two left: too few to say).
