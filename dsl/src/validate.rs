@@ -2156,7 +2156,9 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                     && typo_of(name, names.iter().copied()).is_none()
                     && let Some(best) = typo_of(
                         name,
-                        named_in(&criteria).filter(|n| n != name && uses(n) > uses(name)),
+                        named_in(&criteria).filter(|n| {
+                            n != name && uses(n) > uses(name) && !singular_and_plural(n, name)
+                        }),
                     )
                 {
                     out.push(
@@ -2456,6 +2458,16 @@ fn called_in<'c>(criteria: &[&'c Criterion]) -> impl Iterator<Item = &'c str> + 
         };
         names
     })
+}
+
+/// Whether two tool names are one name and its plural (`get_order`, `get_orders`): two
+/// tools an agent often has both of, not a slip.
+fn singular_and_plural(a: &str, b: &str) -> bool {
+    let plural = |one: &str, many: &str| {
+        many.strip_suffix('s').is_some_and(|stem| stem == one)
+            || many.strip_suffix("es").is_some_and(|stem| stem == one)
+    };
+    plural(a, b) || plural(b, a)
 }
 
 /// Every tool name the checks write: those called, and those not (`no-tool`).

@@ -1865,6 +1865,26 @@ scenario "price" {
         "{said}"
     );
     assert!(!said.contains("did you mean `qoute_price`"), "{said}");
+
+    // A name and its plural are two tools an agent often has, not a slip.
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+scenario "orders" {
+    user "What did I order?"
+    expect tool "get_orders"
+    expect tool "get_order"
+    criteria {
+        tools-in-order "get_orders" "check_service_area"
+    }
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(!said.contains("trellis::unknown_tool"), "{said}");
 }
 
 /// A scenario file `trellis import` converts, included as if it were a suite, is said to
