@@ -1148,18 +1148,24 @@ pub struct RunLatencies {
 }
 
 impl RunLatencies {
-    fn push(&mut self, suite: &str, scenario: &str, agent: &str, ms: f64) {
+    /// Adds a turn: to its agent's, and, `by_scenario`, to its scenario's (whose key is
+    /// three strings made for each turn: left out where only agents are read).
+    fn push(&mut self, suite: &str, scenario: &str, agent: &str, ms: f64, by_scenario: bool) {
         match self.agents.get_mut(agent) {
             Some(turns) => turns.push(ms),
             None => {
                 self.agents.insert(agent.to_owned(), vec![ms]);
             }
         }
-        let key = (suite.to_owned(), scenario.to_owned(), agent.to_owned());
-        self.scenarios.entry(key).or_default().push(ms);
+        if by_scenario {
+            let key = (suite.to_owned(), scenario.to_owned(), agent.to_owned());
+            self.scenarios.entry(key).or_default().push(ms);
+        }
     }
 }
 
+/// `answered_only`: the turns the agent answered, by agent alone (what an earlier run's
+/// spread reads: up to [`crate::compare::SPREAD_WINDOW`] runs, whose scenarios nothing reads).
 fn latencies_of(dir: &Path, answered_only: bool) -> Option<RunLatencies> {
     let from_table = || -> PolarsResult<RunLatencies> {
         let mut names = vec!["suite", "scenario", "agent", "latency_ms", "replay"];
@@ -1195,6 +1201,7 @@ fn latencies_of(dir: &Path, answered_only: bool) -> Option<RunLatencies> {
                     scenario.as_deref().unwrap_or_default(),
                     agent.as_deref().unwrap_or_default(),
                     ms,
+                    !answered_only,
                 );
             }
         }
@@ -1210,7 +1217,13 @@ fn latencies_of(dir: &Path, answered_only: bool) -> Option<RunLatencies> {
             for turn in node.turns.iter().filter(|t| {
                 !t.replay && t.latency_ms.is_finite() && !(answered_only && t.fault.is_some())
             }) {
-                latencies.push(&node.suite, &node.scenario, &node.agent, turn.latency_ms);
+                latencies.push(
+                    &node.suite,
+                    &node.scenario,
+                    &node.agent,
+                    turn.latency_ms,
+                    !answered_only,
+                );
             }
         }
     }

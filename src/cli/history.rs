@@ -698,12 +698,18 @@ struct EarlierMeans {
     by_agent: BTreeMap<String, Vec<f64>>,
 }
 
+/// The comparison `run --baseline` recorded in `dir` (`compare.json`), as JSON: read for
+/// what it says of the run, whatever version of the structure wrote it.
+fn recorded_comparison(dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
 /// What a run's own `--baseline` comparison (`compare.json`) found, when it failed: pinned,
 /// its regressions become the bar later runs are held to, which is worth a word (a run
 /// pinned by id or name may not be the one meant).
 fn failed_its_gate(dir: &Path) -> Option<String> {
-    let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
-    let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let comparison = recorded_comparison(dir)?;
     if comparison["regressed"] != true {
         return None;
     }
@@ -723,8 +729,7 @@ fn failed_its_gate(dir: &Path) -> Option<String> {
 /// written by `run --baseline`), if one is: `regressed` when the run's, any agent's or any
 /// scenario's regressed, `noise` when the run's or an agent's was, else the run's.
 fn latency_verdict(dir: &Path) -> Option<String> {
-    let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
-    let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let comparison = recorded_comparison(dir)?;
     let latency = comparison["metrics"]
         .as_array()?
         .iter()
