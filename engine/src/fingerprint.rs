@@ -81,6 +81,11 @@ pub struct ScenarioFingerprints {
     /// The setup alone (agents, persona, tools, providers, simulator, scenario settings):
     /// the part of the conversation half that is neither a step nor `repeat`.
     pub setup: Digest,
+    /// The setup without the tools' mock answers, state changes and policies (what the
+    /// agent is never told): `trellis watch` keeps a scenario's recorded turns under it, so
+    /// that an edited mock makes only the turns that called that tool talk afresh
+    /// (`engine/src/execute/reuse.rs`). Equal to `setup` when not asked for ([`stamp`]).
+    pub salt: Digest,
     /// The whole scenario: setup and every step (conversation), every check (checks).
     pub scenario: Fingerprint,
     /// Each execution node by id (`start`, `accepts`, `accepts/then`): its own steps
@@ -97,7 +102,8 @@ pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
     let shared = Fingerprinter::of(project);
     in_parallel(&mut plan.scenarios, |scenarios| {
         for planned in scenarios {
-            let prints = shared.scenario(&planned.scenario);
+            // The trajectories' fingerprints need no salt.
+            let prints = scenario_with(&shared, &planned.scenario, false);
             for trajectory in &mut planned.trajectories {
                 trajectory.fingerprint = trajectory
                     .nodes
@@ -204,6 +210,9 @@ pub struct Fingerprinter<'p> {
     personas: HashMap<usize, String>,
     /// The project's tools, providers and simulator, as the setup half writes them.
     sandbox: String,
+    /// The same with only what the agent is told of each tool (its name, description and
+    /// parameters), for [`ScenarioFingerprints::salt`].
+    declared_sandbox: String,
     /// The project's judges and providers, as the checks half writes them.
     judges: String,
 }
@@ -211,16 +220,21 @@ pub struct Fingerprinter<'p> {
 impl<'p> Fingerprinter<'p> {
     pub fn of(project: &'p Project) -> Self {
         let mut sandbox = String::new();
+        let mut declared_sandbox = String::new();
         // Every scenario's sandbox holds the project's tools; providers serve the simulator.
         for tool in &project.tools {
             sandbox.push_str(&canonical(tool));
+            write_declaration(&mut declared_sandbox, tool);
         }
+        let mut rest = String::new();
         for provider in &project.providers {
-            sandbox.push_str(&canonical(provider));
+            rest.push_str(&canonical(provider));
         }
         if let Some(simulator) = &project.simulator {
-            sandbox.push_str(&canonical(simulator));
+            rest.push_str(&canonical(simulator));
         }
+        sandbox.push_str(&rest);
+        declared_sandbox.push_str(&rest);
         let mut judges = String::new();
         // Judges decide `judge` criteria and outcomes; their providers serve them.
         for judge in &project.judges {
@@ -252,13 +266,14 @@ impl<'p> Fingerprinter<'p> {
                 .map(|p| (address(p), canonical(p)))
                 .collect(),
             sandbox,
+            declared_sandbox,
             judges,
         }
     }
 
     /// The fingerprints of `sc`, one of the project's scenarios.
     pub fn scenario(&self, sc: &Scenario) -> ScenarioFingerprints {
-        scenario_with(self, sc)
+        scenario_with(self, sc, true)
     }
 
     fn agent(&self, agent: &Agent) -> Cow<'_, str> {
@@ -281,12 +296,18 @@ fn address<T>(value: &T) -> usize {
     std::ptr::from_ref(value).addr()
 }
 
-fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerprints {
+fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario, salted: bool) -> ScenarioFingerprints {
     // Every text is written into these two and hashed: a dataset's thousands of instances
     // were mostly strings made, grown and copied for one hash each.
     let mut conversation = String::new();
     let mut checks = String::new();
-    let setup = setup_digest(shared, sc, &mut conversation);
+    let setup = setup_digest(shared, sc, Tools::Whole, &mut conversation);
+    let salt = if salted {
+        conversation.clear();
+        setup_digest(shared, sc, Tools::Declared, &mut conversation)
+    } else {
+        setup
+    };
     checks_setup_text(shared, sc, &mut checks);
     let checks_setup = digest(&checks);
 
@@ -339,6 +360,7 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerpri
     }
     ScenarioFingerprints {
         setup,
+        salt,
         scenario: Fingerprint {
             conversation: chain(setup, &conversation),
             checks: chain(checks_setup, &checks),
@@ -347,9 +369,28 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerpri
     }
 }
 
+/// How much of each tool a setup text holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tools {
+    /// All of it ([`ScenarioFingerprints::setup`]).
+    Whole,
+    /// What the agent is told of it ([`ScenarioFingerprints::salt`]).
+    Declared,
+}
+
+/// A tool as the agent is told of it: its name, description and parameters.
+fn write_declaration(text: &mut String, tool: &trellis_dsl::Tool) {
+    write_canonical(text, &(&tool.name.value, &tool.description, &tool.params));
+}
+
 /// The digest of what shapes the agent's answers besides the steps, with `text` to write
 /// it in.
-fn setup_digest(shared: &Fingerprinter<'_>, sc: &Scenario, text: &mut String) -> Digest {
+fn setup_digest(
+    shared: &Fingerprinter<'_>,
+    sc: &Scenario,
+    tools: Tools,
+    text: &mut String,
+) -> Digest {
     let agents = shared.project.scenario_agents(sc);
     // The text starts with the first agent's, already hashed.
     let (mut hasher, rest) = match agents.split_first() {
@@ -359,14 +400,20 @@ fn setup_digest(shared: &Fingerprinter<'_>, sc: &Scenario, text: &mut String) ->
         },
         None => (blake3::Hasher::new(), &agents[..]),
     };
-    setup_text(shared, sc, rest, text);
+    setup_text(shared, sc, rest, tools, text);
     hasher.update(text.as_bytes());
     digest_of(hasher.finalize())
 }
 
 /// What shapes the agent's answers besides the steps, from `agents` (the scenario's, or
 /// those of them not yet hashed) on, written to `text`.
-fn setup_text(shared: &Fingerprinter<'_>, sc: &Scenario, agents: &[&Agent], text: &mut String) {
+fn setup_text(
+    shared: &Fingerprinter<'_>,
+    sc: &Scenario,
+    agents: &[&Agent],
+    tools: Tools,
+    text: &mut String,
+) {
     let project = shared.project;
     for agent in agents {
         text.push_str(&shared.agent(agent));
@@ -380,20 +427,42 @@ fn setup_text(shared: &Fingerprinter<'_>, sc: &Scenario, agents: &[&Agent], text
         Some(PersonaRef::Inline(persona)) => write_canonical(text, persona),
         None => {}
     }
-    text.push_str(&shared.sandbox);
-    write_canonical(
-        text,
-        &(
-            &sc.user_context,
-            &sc.initial_state,
-            &sc.undeclared_tools,
-            &sc.tools,
-            &sc.max_turns,
-            &sc.agent_branches,
-            &sc.timeout,
-            &sc.first_turn,
-        ),
-    );
+    match tools {
+        Tools::Whole => {
+            text.push_str(&shared.sandbox);
+            write_canonical(
+                text,
+                &(
+                    &sc.user_context,
+                    &sc.initial_state,
+                    &sc.undeclared_tools,
+                    &sc.tools,
+                    &sc.max_turns,
+                    &sc.agent_branches,
+                    &sc.timeout,
+                    &sc.first_turn,
+                ),
+            );
+        }
+        Tools::Declared => {
+            text.push_str(&shared.declared_sandbox);
+            for tool in &sc.tools {
+                write_declaration(text, tool);
+            }
+            write_canonical(
+                text,
+                &(
+                    &sc.user_context,
+                    &sc.initial_state,
+                    &sc.undeclared_tools,
+                    &sc.max_turns,
+                    &sc.agent_branches,
+                    &sc.timeout,
+                    &sc.first_turn,
+                ),
+            );
+        }
+    }
     // Written only when set, so that the fingerprints of runs from before it are the same.
     if sc.stop_on_failure {
         text.push_str("stop-on-failure;");

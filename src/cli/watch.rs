@@ -131,6 +131,10 @@ enum Why {
     /// limited past waiting): any save asks it again, the turns it answered reused. An
     /// agent started after watch was needed an edit to be asked at all.
     Unreached,
+    /// Only what a tool answers changed (a mock, a state change, a policy: nothing the
+    /// agent is told): the turns that called an edited tool talk afresh, the others are
+    /// answered from the records.
+    Mocks,
     /// A scenario it `needs` changed what it says to the agent.
     Dependency,
     /// Gone and back (as it was or edited), but it `needs` scenarios that may have talked to
@@ -155,6 +159,7 @@ impl Why {
             Why::Checks => "checks changed",
             Why::Repeat => "repeat changed",
             Why::Unreached => "its agent was not reached last time: asked again",
+            Why::Mocks => "a tool's answers changed: turns that called it talk afresh",
             Why::Dependency => "dependency changed",
             Why::BackAfterNeeds => "back, talking afresh after what it needs",
             Why::Setup => {
@@ -670,7 +675,7 @@ impl Session {
         let salts: HashMap<String, u64> = whys
             .keys()
             .filter_map(|key| {
-                let setup = prints.get(key)?.setup;
+                let setup = prints.get(key)?.salt;
                 let mut h = DefaultHasher::new();
                 (setup, self.generations.get(key).copied().unwrap_or(0)).hash(&mut h);
                 Some((key.clone(), h.finish()))
@@ -796,7 +801,8 @@ impl Session {
                     return Why::BackAfterNeeds;
                 }
                 match now.scenario.change_from(&last.scenario) {
-                    Change::Conversation if now.setup != last.setup => Why::Setup,
+                    Change::Conversation if now.salt != last.salt => Why::Setup,
+                    Change::Conversation if now.setup != last.setup => Why::Mocks,
                     // Every node sends and checks what it did: the conversation half moved
                     // by `repeat` alone (it counts there, not in any node).
                     Change::Conversation if now.nodes == last.nodes => Why::Repeat,
@@ -826,7 +832,9 @@ impl Session {
             // One whose agent is asked again may pass now: what needs it (skipped for it)
             // runs again too.
             let mut afresh: Vec<usize> = (0..whys.len())
-                .filter(|&i| whys[i] >= Why::Dependency || whys[i] == Why::Unreached)
+                .filter(|&i| {
+                    whys[i] >= Why::Dependency || matches!(whys[i], Why::Unreached | Why::Mocks)
+                })
                 .collect();
             while let Some(i) = afresh.pop() {
                 for &dependent in &dependents[i] {

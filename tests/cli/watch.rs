@@ -2135,3 +2135,69 @@ async fn an_agent_that_was_down_is_asked_again_by_the_next_save() {
     assert!(!second.contains("connect"), "answered now: {second}");
     assert!(second.contains("1 agent call"), "{second}");
 }
+
+/// An edited mock makes only the turns that called its tool talk to the agent again:
+/// the agent is never told what a tool answers, so a scenario that did not call it is
+/// answered from the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
+    let calls_lookup = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"found"},{"role":"assistant","content":"Found it."}]}"#;
+    let caller = MisbehavingServer::respond(200, calls_lookup).await;
+    let other = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = |lookup: &str, weather: &str| {
+        format!(
+            "agent \"caller\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"other\" protocol=\"connexity\" url=\"{}\"\n\
+             tool \"lookup\" {{\n    mock returns=#\"{{\"status\": \"{lookup}\"}}\"#\n}}\n\
+             tool \"weather\" {{\n    mock returns=#\"{{\"sky\": \"{weather}\"}}\"#\n}}\n\
+             scenario \"calls\" {{\n    agent \"caller\"\n    user \"find it\"\n    user \"and again\"\n    expect no-error\n}}\n\
+             scenario \"talks\" {{\n    agent \"other\"\n    user \"hello\"\n    expect no-error\n}}\n",
+            caller.url(),
+            other.url()
+        )
+    };
+    write(&dir.path().join("suite.kdl"), &suite("found", "clear"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!((caller.requests(), other.requests()), (2, 1));
+
+    // A tool neither agent called: both scenarios rerun, from the records alone.
+    write(&dir.path().join("suite.kdl"), &suite("found", "rain"));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("a tool's answers changed"), "{lines}");
+    assert_eq!(
+        (caller.requests(), other.requests()),
+        (2, 1),
+        "{}",
+        watch.all()
+    );
+
+    // The tool the caller called in its first turn: that turn and the next talk again,
+    // the other scenario still not.
+    write(&dir.path().join("suite.kdl"), &suite("missing", "rain"));
+    watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(
+        (caller.requests(), other.requests()),
+        (4, 1),
+        "{}",
+        watch.all()
+    );
+
+    // A tool's declaration is what the agent is told: every scenario talks afresh.
+    write(
+        &dir.path().join("suite.kdl"),
+        &suite("missing", "rain").replace(
+            "tool \"weather\" {",
+            "tool \"weather\" {\n    description \"the sky\"",
+        ),
+    );
+    let lines = watch.wait_for("watch: rerun 4 done").await.join("\n");
+    assert!(lines.contains("setup changed"), "{lines}");
+    assert_eq!(
+        (caller.requests(), other.requests()),
+        (6, 2),
+        "{}",
+        watch.all()
+    );
+}

@@ -9,6 +9,12 @@
 //! renders and an `expect` never reaches the agent, so an edit to checks alone reuses every
 //! turn and only re-checks.
 //!
+//! A turn that called tools is reused only while each of those tools answers as it did:
+//! the salt leaves out what a tool answers (its mocks, state changes and policies, which
+//! the agent is never told of: `trellis_engine::fingerprint`'s `salt`), and each kept
+//! turn carries a digest of how the tools it called were defined ([`tools_digest`]), so
+//! an edited mock makes only the turns that called that tool talk afresh.
+//!
 //! When the conversation first differs, the real session must be brought to where the
 //! reused turns left it: a protocol that resends its history rebuilds it from the recorded
 //! turns ([`Session::restore`]: Connexity, Fixie); a session bound to the agent's state
@@ -26,6 +32,7 @@ use futures::future::BoxFuture;
 
 use crate::protocol::{CallContext, Session, Turn, TurnInput};
 use crate::record::Fault;
+use crate::sandbox::SandboxSpec;
 
 /// Agent calls made and turns reused for one scenario (`suite/scenario`) in one run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,6 +73,8 @@ struct MemoState {
 struct Recorded {
     run: u64,
     turn: Arc<Turn>,
+    /// [`tools_digest`] of the turn's calls when it was recorded.
+    tools: u64,
     scenario: Arc<str>,
     salt: Option<u64>,
 }
@@ -148,6 +157,7 @@ impl TurnMemo {
         scenario: &str,
         agent: &str,
         repetition: u32,
+        sandbox: &Arc<SandboxSpec>,
     ) -> Box<dyn Session> {
         let name: Arc<str> = Arc::from(format!("{suite}/{scenario}"));
         let salt = {
@@ -165,6 +175,7 @@ impl TurnMemo {
             memo: self.clone(),
             name,
             unit,
+            sandbox: sandbox.clone(),
             inner: session,
             pending: Vec::new(),
             prefix: 0,
@@ -173,10 +184,20 @@ impl TurnMemo {
         })
     }
 
-    fn reused(&self, unit: u64, prefix: u64, name: &str) -> Option<Arc<Turn>> {
+    fn reused(
+        &self,
+        unit: u64,
+        prefix: u64,
+        name: &str,
+        sandbox: &SandboxSpec,
+    ) -> Option<Arc<Turn>> {
         let mut state = self.lock();
         let turn = match state.turns.get(&(unit, prefix)) {
-            Some(kept) if kept.run < state.run => kept.turn.clone(),
+            Some(kept)
+                if kept.run < state.run && kept.tools == tools_digest(&kept.turn, sandbox) =>
+            {
+                kept.turn.clone()
+            }
             _ => return None,
         };
         state.touched.insert((unit, prefix));
@@ -192,17 +213,47 @@ impl TurnMemo {
             .called += 1;
     }
 
-    fn store(&self, unit: u64, prefix: u64, turn: Turn, scenario: &Arc<str>) {
+    fn store(
+        &self,
+        unit: u64,
+        prefix: u64,
+        turn: Turn,
+        scenario: &Arc<str>,
+        sandbox: &SandboxSpec,
+    ) {
+        let tools = tools_digest(&turn, sandbox);
         let mut state = self.lock();
         state.touched.insert((unit, prefix));
         let recorded = Recorded {
             run: state.run,
+            tools,
             turn: Arc::new(turn),
             scenario: scenario.clone(),
             salt: state.salts.get(&**scenario).copied(),
         };
         state.turns.insert((unit, prefix), recorded);
     }
+}
+
+/// How the tools `turn` called are defined now: their names with their answers, state
+/// changes and policies (a tool the sandbox does not declare, by its name alone). A turn
+/// without tool calls depends on no tool's definition.
+fn tools_digest(turn: &Turn, sandbox: &SandboxSpec) -> u64 {
+    if turn.tool_calls.is_empty() {
+        return 0;
+    }
+    let mut names: Vec<&str> = turn.tool_calls.iter().map(|c| c.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut h = DefaultHasher::new();
+    for name in names {
+        let spec = sandbox
+            .tools
+            .get(name)
+            .or_else(|| sandbox.shared_tools.get(name));
+        (name, spec.map(|spec| format!("{spec:?}"))).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// A [`TurnInput`] kept past the turn.
@@ -295,6 +346,8 @@ struct ReusingSession {
     /// `suite/scenario`, for the counts.
     name: Arc<str>,
     unit: u64,
+    /// The scenario's tools as defined now, for [`tools_digest`].
+    sandbox: Arc<SandboxSpec>,
     inner: Box<dyn Session>,
     /// Turns answered from records that `inner` has not taken.
     pending: Vec<(OwnedInput, Arc<Turn>)>,
@@ -358,7 +411,9 @@ impl Session for ReusingSession {
         Box::pin(async move {
             let prefix = extend(self.prefix, input);
             if !self.attached
-                && let Some(turn) = self.memo.reused(self.unit, prefix, &self.name)
+                && let Some(turn) = self
+                    .memo
+                    .reused(self.unit, prefix, &self.name, &self.sandbox)
             {
                 self.prefix = prefix;
                 let mut answer = (*turn).clone();
@@ -388,7 +443,8 @@ impl Session for ReusingSession {
             // conversation, and replaying its "connection refused" once it is back up
             // reported an agent that works as refusing connections until a step changed.
             if !turn.fault.as_ref().is_some_and(unreachable) {
-                self.memo.store(self.unit, prefix, turn.clone(), &self.name);
+                self.memo
+                    .store(self.unit, prefix, turn.clone(), &self.name, &self.sandbox);
             }
             turn
         })
@@ -400,6 +456,7 @@ impl Session for ReusingSession {
             memo: self.memo.clone(),
             name: self.name.clone(),
             unit: self.unit,
+            sandbox: self.sandbox.clone(),
             inner,
             pending: self.pending.clone(),
             prefix: self.prefix,

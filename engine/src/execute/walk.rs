@@ -732,6 +732,7 @@ impl<'a> Unit<'a> {
                 &self.scenario.scenario.id.value,
                 self.agent_id(),
                 self.repetition,
+                &self.scenario.sandbox,
             );
         }
         if state.turns.is_empty() && !state.prefix_not_sent {
