@@ -838,7 +838,10 @@ impl Session {
                 .collect();
             while let Some(i) = afresh.pop() {
                 for &dependent in &dependents[i] {
-                    if whys[dependent] < Why::Dependency {
+                    // Its own steps edited too: its unchanged prefix was answered by an
+                    // agent in the state the dependency left it in then, so it talks
+                    // afresh from the first turn, not from the first edited step.
+                    if whys[dependent] < Why::Dependency || whys[dependent] == Why::Steps {
                         whys[dependent] = Why::Dependency;
                         afresh.push(dependent);
                     }

@@ -1097,6 +1097,27 @@ scenario "alone" {{
     let lines = watch.wait_for("watch: rerun 5 done").await.join("\n");
     assert!(lines.contains("0 agent calls"), "{}", watch.all());
     assert_eq!(agent.requests(), 5, "{}", watch.all());
+
+    // The dependant's own steps edited in the same save: it still talks afresh from its
+    // first turn, not from its first edited step only.
+    write(
+        &suite,
+        &text("create it again", 4).replace(
+            "    user \"then this\"\n",
+            "    user \"then this\"\n    user \"and that\"\n",
+        ),
+    );
+    let lines = watch.wait_for("watch: rerun 6 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/after (dependency changed)"),
+        "{lines}"
+    );
+    assert_eq!(
+        last_user_messages(&agent)[5..],
+        ["create it again", "then this", "and that"],
+        "{}",
+        watch.all()
+    );
 }
 
 /// AgentScope keeps the conversation on the server: a changed branch cannot be rebuilt
