@@ -518,7 +518,12 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         return Ok(EXIT_INCOMPLETE);
     }
     let verdict = match &summary {
-        Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
+        Some(s) if s.failed == 0 && s.errors == 0 => {
+            if let Some(why) = super::nothing_checked(s).filter(|_| !partial) {
+                errln!("warning: {why}");
+            }
+            EXIT_OK
+        }
         _ => EXIT_FAILED,
     };
     let mut comparison = None;

@@ -49,6 +49,26 @@ pub const EXIT_INCOMPLETE: u8 = 3;
 /// trajectories are written.
 pub const EXIT_BUDGET: u8 = 4;
 
+/// What a finished run that nothing failed must say of itself when not one of its
+/// trajectories was decided (each was skipped or invalid): its exit code 0 means only that
+/// nothing failed, and a CI log that shows nothing else reads as an agent that works.
+/// `None` when something was decided, or nothing ran at all.
+pub fn nothing_checked(s: &trellis_engine::record::RunSummary) -> Option<String> {
+    if s.trajectories == 0 || s.passed + s.failed + s.errors > 0 || s.interrupted {
+        return None;
+    }
+    let why = match (s.skipped, s.invalid) {
+        (_, 0) => "every one was skipped, its checks not run; --strict fails such a run",
+        (0, _) => "every one was invalid: its simulated user broke character",
+        _ => "every one was skipped or invalid",
+    };
+    Some(format!(
+        "nothing was checked: of {}, none passed or failed ({why}); the reasons are above \
+         and in report.html",
+        console::count(s.trajectories, "trajectory", "trajectories")
+    ))
+}
+
 /// Declarative evals for conversational AI agents.
 #[derive(Debug, Parser)]
 #[command(name = "trellis", version, about, long_about = None)]

@@ -255,6 +255,12 @@ pub fn run(args: RunArgs) -> u8 {
                 drop(plan);
                 drop(project);
                 let mut code = already_finished(dir, &run_id, &summary);
+                if code == EXIT_OK
+                    && chosen.is_none()
+                    && let Some(why) = super::nothing_checked(&summary)
+                {
+                    errln!("warning: {why}");
+                }
                 let mut comparison = None;
                 // With --baseline, the verdict is the comparison's, as when a run ends: a
                 // CI step retried with `--resume` must give the gate's answer again.
@@ -473,6 +479,13 @@ pub fn run(args: RunArgs) -> u8 {
         complete_partial_merge(&out);
     }
     let mut exit_code = outcome.exit_code;
+    // A shard is part of a run: `merge` says whether the whole checked anything.
+    if exit_code == EXIT_OK
+        && chosen.is_none()
+        && let Some(why) = outcome.summary.as_ref().and_then(super::nothing_checked)
+    {
+        errln!("warning: {why}");
+    }
     let mut comparison = None;
     if let Some(base) = &baseline {
         match compare_with(base, &out, outcome.stats.as_ref(), &args.thresholds) {

@@ -845,6 +845,30 @@ async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() 
     );
     assert_eq!(of("fault-free")["status"], "passed");
 
+    // A run in which nothing was checked at all says so at its end (its exit code 0
+    // means only that nothing failed), and again when it is resumed after it finished.
+    let alone = dir.path().join("alone");
+    for resume in [false, true] {
+        let o = trellis()
+            .arg("run")
+            .arg(dir.path().join("s.kdl"))
+            .args(["--filter", "unchecked"])
+            .arg(if resume { "--resume" } else { "--out" })
+            .arg(&alone)
+            .output()
+            .await
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "resume {resume}: {err}");
+        assert!(
+            crate::flat(&err).contains(
+                "warning: nothing was checked: of 1 trajectory, none passed or failed (every \
+                 one was skipped, its checks not run; --strict fails such a run)"
+            ),
+            "resume {resume}: {err}"
+        );
+    }
+
     // `--strict`: a trajectory that checks nothing is a failure.
     let strict = dir.path().join("strict");
     let o = trellis()
