@@ -118,6 +118,14 @@ impl<'f> Decoder<'f> {
                 {
                     typo_first_turn = true;
                 }
+                // `critera { … }`: its checks are checked as they would be once the name is
+                // fixed, so that one save shows every mistake in them too.
+                if crate::diagnostics::did_you_mean(name, ["criteria"]).is_some() {
+                    for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
+                        let ccv = View::of(child, self.text());
+                        let _ = self.criterion(&ccv, "`criteria`");
+                    }
+                }
                 continue;
             };
             let key = spec.name;

@@ -938,3 +938,25 @@ scenario "s" {
         "the string member is a template"
     );
 }
+
+#[test]
+fn the_checks_of_a_misspelt_criteria_block_are_checked_too() {
+    let diags = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user "book it"
+    critera {
+        reply contians="booked"
+        no-eror
+    }
+}
+"#,
+    )
+    .expect_err("a misspelt block");
+    let text = diags.render_plain();
+    assert!(text.contains("did you mean `criteria`?"), "{text}");
+    assert!(text.contains("did you mean `contains`?"), "{text}");
+    assert!(text.contains("did you mean `no-error`?"), "{text}");
+    assert_eq!(diags.iter().count(), 3, "{text}");
+}
