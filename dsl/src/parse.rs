@@ -822,6 +822,12 @@ mod tests {
         );
         assert!(parse_duration("2 fortnights ago").is_err());
         assert_eq!(
+            parse_duration("2 minuts").unwrap_err(),
+            "unknown unit `minuts`: did you mean `minutes` (`m`)? use `ms`, `s`, `m` or `h` \
+             (also `us`, `ns`, `d`)"
+        );
+        assert_eq!(parse_duration("2 minutes"), Ok(Duration::from_secs(120)));
+        assert_eq!(
             parse_duration("2x").unwrap_err(),
             "unknown unit `x`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)"
         );

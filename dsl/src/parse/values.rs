@@ -153,7 +153,31 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
                 "a number needs a unit (`ms`, `s`, `m`, `h`)".to_owned()
             }
             E::UnknownUnit { unit, .. } => {
-                format!("unknown unit `{unit}`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)")
+                // The long names humantime also reads, each with its short unit.
+                const NAMES: [(&str, &str); 12] = [
+                    ("milliseconds", "ms"),
+                    ("millis", "ms"),
+                    ("seconds", "s"),
+                    ("secs", "s"),
+                    ("minutes", "m"),
+                    ("mins", "m"),
+                    ("hours", "h"),
+                    ("hrs", "h"),
+                    ("days", "d"),
+                    ("microseconds", "us"),
+                    ("nanoseconds", "ns"),
+                    ("weeks", "w"),
+                ];
+                let meant = crate::diagnostics::did_you_mean(
+                    &unit.to_ascii_lowercase(),
+                    NAMES.iter().map(|(name, _)| *name),
+                )
+                .and_then(|name| NAMES.iter().find(|(n, _)| *n == name))
+                .map(|(name, short)| format!("did you mean `{name}` (`{short}`)? "))
+                .unwrap_or_default();
+                format!(
+                    "unknown unit `{unit}`: {meant}use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)"
+                )
             }
             E::NumberExpected(at) | E::InvalidCharacter(at) => format!(
                 "not a duration from character {}: write a number, then its unit",
