@@ -147,6 +147,8 @@ enum Why {
     Setup,
     /// Its steps changed: the trajectories through a changed step talk afresh from it.
     Steps,
+    /// Asked for from the keyboard: talks afresh, whatever changed.
+    Asked,
     /// First run of it.
     New,
 }
@@ -166,6 +168,7 @@ impl Why {
                 "setup changed (its agent, persona, tools, context, settings or dataset row)"
             }
             Why::Steps => "steps changed",
+            Why::Asked => "asked to talk afresh",
             Why::New => "new",
         }
     }
@@ -185,6 +188,8 @@ struct Gone {
 struct Changed {
     paths: Vec<PathBuf>,
     at: Instant,
+    /// Asked for from the keyboard ([`asks_from_stdin`]): every scenario talks afresh.
+    afresh: bool,
 }
 
 struct Session {
@@ -193,6 +198,10 @@ struct Session {
     out_root: PathBuf,
     watcher: RecommendedWatcher,
     changes: mpsc::UnboundedReceiver<Vec<PathBuf>>,
+    /// Reruns asked for from the keyboard ([`asks_from_stdin`]).
+    asks: Option<mpsc::UnboundedReceiver<()>>,
+    /// A person at a terminal can ask for them: each rerun's footer says how.
+    keys: bool,
     /// Changed paths taken in and not acted on yet, and since when.
     pending: Vec<PathBuf>,
     pending_since: Option<Instant>,
@@ -350,6 +359,8 @@ impl Session {
             None => None,
         };
         let out_root_made = out_root.clone();
+        let asks = asks_from_stdin();
+        let keys = asks.is_some() && std::io::stdin().is_terminal();
         let mut session = Session {
             _claim: claim,
             args,
@@ -357,6 +368,8 @@ impl Session {
             out_root,
             watcher,
             changes,
+            asks,
+            keys,
             pending: Vec::new(),
             pending_since: None,
             recursive: BTreeSet::new(),
@@ -439,7 +452,9 @@ impl Session {
         let mut next = Some(Changed {
             paths: Vec::new(),
             at: Instant::now(),
+            afresh: false,
         });
+        let mut asks = self.asks.take();
         loop {
             let changed = match next.take() {
                 Some(changed) => changed,
@@ -447,6 +462,11 @@ impl Session {
                     changed = self.next_change() => match changed {
                         Some(changed) => changed,
                         None => return EXIT_STOPPED,
+                    },
+                    () = next_ask(&mut asks) => Changed {
+                        paths: Vec::new(),
+                        at: Instant::now(),
+                        afresh: true,
                     },
                     _ = signals.next() => {
                         if self.last.is_some() {
@@ -555,7 +575,11 @@ impl Session {
             if !paths.is_empty() {
                 paths.sort();
                 paths.dedup();
-                return Some(Changed { paths, at });
+                return Some(Changed {
+                    paths,
+                    at,
+                    afresh: false,
+                });
             }
         }
     }
@@ -579,7 +603,11 @@ impl Session {
     async fn rerun(&mut self, changed: Changed, signals: &mut Signals) -> Rerun {
         // Diagnostics are about this save; a rerun is about every save since the last
         // finished one.
-        let what = describe(&changed.paths);
+        let what = if changed.afresh {
+            ASKED.to_owned()
+        } else {
+            describe(&changed.paths)
+        };
         self.since_finished.extend(changed.paths.iter().cloned());
         let project = match trellis_dsl::load_cached(
             &self.roots,
@@ -649,7 +677,18 @@ impl Session {
             return Rerun::Done;
         }
         let prints = fingerprint::project(&project);
-        let (whys, first) = self.reasons(&plan, &prints);
+        let (mut whys, mut first) = self.reasons(&plan, &prints);
+        if changed.afresh {
+            // The agent itself may have changed, which no file of the suites says: nothing
+            // recorded before is reused.
+            for (key, why) in whys.iter_mut() {
+                if *why != Why::New {
+                    *why = Why::Asked;
+                }
+                *self.generations.entry(key.clone()).or_default() += 1;
+            }
+            first = (0..plan.scenarios.len()).collect();
+        }
         // A scenario gone from the suite (or the selection) changes the results too.
         let removed: Vec<String> = self
             .planned
@@ -697,7 +736,11 @@ impl Session {
         self.reruns += 1;
         let header = RunHeader {
             number: self.reruns,
-            what: describe(&self.since_finished.iter().cloned().collect::<Vec<_>>()),
+            what: if changed.afresh && self.since_finished.is_empty() {
+                ASKED.to_owned()
+            } else {
+                describe(&self.since_finished.iter().cloned().collect::<Vec<_>>())
+            },
             changed_at: changed.at,
             whys: whys.clone(),
             removed,
@@ -1121,6 +1164,11 @@ impl Session {
                 if self.tty {
                     // The screen was redrawn: failures that did not rerun stay in sight.
                     print_standing_failures(&self.results, &shown, &self.latest_dir());
+                    if self.keys {
+                        outln!(
+                            "watch: Enter reruns every scenario afresh (after changing an agent)"
+                        );
+                    }
                 }
                 if let (Some(server), Some(html)) = (&self.server, report_html) {
                     server.publish(html);
@@ -1787,6 +1835,56 @@ fn rerun_scenarios(
 
 /// Whether a directory that appeared under a watched root holds a suite file, as loading
 /// it would find them.
+/// A rerun asked for from the keyboard, as its header says it.
+const ASKED: &str = "Enter pressed: every scenario talks to its agent afresh";
+
+/// Lines read from standard input, one rerun asked for each (Enter): the way to rerun after
+/// a change to an agent itself, which no file of the suites shows. `None` when standard
+/// input is a terminal this process does not have in the foreground (`trellis watch &`:
+/// reading it would stop the process), and the sender goes away at its end (`< /dev/null`).
+fn asks_from_stdin() -> Option<mpsc::UnboundedReceiver<()>> {
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() && !in_foreground() {
+        return None;
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let spawned = std::thread::Builder::new()
+        .name("trellis-watch-keys".into())
+        .spawn(move || {
+            use std::io::BufRead as _;
+            let mut line = String::new();
+            while matches!(stdin.lock().read_line(&mut line), Ok(n) if n > 0) {
+                line.clear();
+                if tx.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+    spawned.ok().map(|_| rx)
+}
+
+/// Whether this process's group owns the terminal on standard input.
+fn in_foreground() -> bool {
+    // SAFETY: both only read the process's own state; `tcgetpgrp` of a descriptor that
+    // is no terminal returns -1.
+    unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() }
+}
+
+/// The next rerun asked for; never, once there are none to come.
+async fn next_ask(asks: &mut Option<mpsc::UnboundedReceiver<()>>) {
+    match asks {
+        Some(rx) => match rx.recv().await {
+            // Enter pressed again while waiting, or during a rerun: one rerun.
+            Some(()) => while rx.try_recv().is_ok() {},
+            None => {
+                *asks = None;
+                std::future::pending::<()>().await;
+            }
+        },
+        None => std::future::pending::<()>().await,
+    }
+}
+
 fn holds_suite_files(dir: &Path) -> bool {
     !trellis_dsl::parse::suite_files(dir).0.is_empty()
 }

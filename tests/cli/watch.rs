@@ -32,9 +32,11 @@ impl Watch {
     /// `trellis watch ROOT` in `dir`.
     fn start_on(dir: &Path, root: &str, extra: &[&str]) -> Watch {
         let mut cmd = trellis();
+        // A pipe, not the test runner's terminal: watch reads its keys from it.
         cmd.current_dir(dir)
             .args(["watch", root, "--out", "runs"])
             .args(extra)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
@@ -133,6 +135,18 @@ impl Watch {
 
     fn all(&self) -> String {
         self.lines.lock().unwrap().join("\n")
+    }
+
+    /// Presses Enter, as a person at watch's terminal does.
+    async fn press_enter(&mut self) {
+        use tokio::io::AsyncWriteExt as _;
+        let stdin = self
+            .child
+            .stdin
+            .as_mut()
+            .expect("started with a piped stdin");
+        stdin.write_all(b"\n").await.unwrap();
+        stdin.flush().await.unwrap();
     }
 }
 
@@ -2221,4 +2235,47 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
         "{}",
         watch.all()
     );
+}
+
+/// Enter reruns every scenario afresh: the way to see a change to the agent itself, which
+/// no suite file shows (a save reuses every unchanged turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_reruns_every_scenario_afresh() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        &format!(
+            "agent \"x\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"a\" {{\n    user \"one\"\n    user \"two\"\n    expect no-error\n}}\n\
+             scenario \"b\" {{\n    user \"three\"\n    expect no-error\n}}\n",
+            agent.url()
+        ),
+    );
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 3);
+
+    watch.press_enter().await;
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("Enter pressed: every scenario talks to its agent afresh"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("rerun suite/a (asked to talk afresh)"),
+        "{lines}"
+    );
+    assert!(lines.contains("3 agent calls"), "{lines}");
+    assert_eq!(agent.requests(), 6, "{}", watch.all());
+
+    // Then a save reuses what that rerun recorded, as after any other.
+    write(
+        &dir.path().join("suite.kdl"),
+        &std::fs::read_to_string(dir.path().join("suite.kdl"))
+            .unwrap()
+            .replace("\"three\"", "\"four\""),
+    );
+    watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(agent.requests(), 7, "{}", watch.all());
 }
