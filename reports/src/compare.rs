@@ -323,9 +323,9 @@ pub fn incomplete(run: &RunStats) -> Option<String> {
 /// small sample, and a base run that checked nothing holds the head to nothing (`trellis
 /// runs pin` refuses such a run for the same reason, crate::history). So does one whose
 /// trajectories are all `invalid` (a simulated user that broke character: the agent was not
-/// checked). A run whose trajectories were all skipped without an error or an invalid one
-/// (a suite with no checks, compared for its latency) is compared as usual: its pass rate
-/// is not comparable.
+/// checked), and one whose trajectories were all skipped (a suite without checks, or with
+/// checks that could not run): its latencies alone say nothing of whether the agent works,
+/// and a comparison of two such runs passed every time.
 pub fn checked_nothing(run: &RunStats) -> Option<String> {
     let c = &run.aggregates.counts;
     if c.passed + c.failed > 0 {
@@ -333,7 +333,10 @@ pub fn checked_nothing(run: &RunStats) -> Option<String> {
     }
     match (c.trajectories, c.errors, c.invalid) {
         (0, ..) => Some("checked nothing: it recorded no trajectory".to_owned()),
-        (_, 0, 0) => None,
+        (n, 0, 0) => Some(format!(
+            "checked nothing: all {n} of its trajectories were skipped, their checks not run \
+             (scenarios without checks, or checks that could not run)"
+        )),
         (n, e, 0) if e == n => Some(format!(
             "checked nothing: all {n} of its trajectories ended in an error (an agent down, or \
              the checks' judge or cache failing?)"
@@ -1907,7 +1910,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_of_only_invalid_or_errored_trajectories_checked_nothing() {
+    fn a_run_of_only_invalid_errored_or_skipped_trajectories_checked_nothing() {
         let run = |passed, errors, skipped, invalid| {
             let mut run = RunStats::default();
             run.aggregates.counts = crate::stats::StatusCounts {
@@ -1927,8 +1930,11 @@ mod tests {
         );
         assert!(checked_nothing(&run(0, 2, 0, 0)).is_some());
         assert!(checked_nothing(&run(0, 1, 1, 1)).is_some());
-        // Skipped only (a suite compared for its latency), or anything decided: compared.
-        assert!(checked_nothing(&run(0, 0, 4, 0)).is_none());
+        // Skipped only: nothing checked either; anything decided: compared.
+        assert!(
+            checked_nothing(&run(0, 0, 4, 0))
+                .is_some_and(|why| why.contains("all 4 of its trajectories were skipped"))
+        );
         assert!(checked_nothing(&run(1, 0, 0, 3)).is_none());
     }
 

@@ -308,6 +308,13 @@ fn annotations(
             }
         }
         None => {
+            if let Some(why) = nothing_checked(stats) {
+                lines.push(format!(
+                    "::warning title={}::{}",
+                    property("Trellis run checked nothing"),
+                    data(&why)
+                ));
+            }
             for s in stats
                 .scenarios
                 .iter()
@@ -330,6 +337,21 @@ fn annotations(
         }
     }
     lines
+}
+
+/// Why a run that nothing failed is no pass either: not one trajectory passed, failed or
+/// errored (the console's `warning: nothing was checked`).
+fn nothing_checked(stats: &RunStats) -> Option<String> {
+    let c = &stats.aggregates.counts;
+    (c.trajectories > 0 && c.passed + c.failed + c.errors == 0).then(|| {
+        format!(
+            "none of the run's {} passed or failed ({} skipped, {} invalid): the exit code 0 \
+             says only that nothing failed",
+            count(c.trajectories as usize, "trajectory", "trajectories"),
+            c.skipped,
+            c.invalid
+        )
+    })
 }
 
 /// `mean turn 61 ms → 180 ms: WHY`.
@@ -396,6 +418,9 @@ fn summary(stats: &RunStats, out: &Path, comparison: Option<(&str, &Comparison)>
     );
     if let Some(why) = trellis_reports::compare::incomplete(stats) {
         let _ = writeln!(text, "**The run {why}.**\n");
+    }
+    if let Some(why) = nothing_checked(stats) {
+        let _ = writeln!(text, "**Nothing was checked:** {}.\n", markdown(&why));
     }
     if let Some((baseline, comparison)) = comparison {
         if comparison.regressed {

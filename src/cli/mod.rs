@@ -63,8 +63,8 @@ pub fn nothing_checked(s: &trellis_engine::record::RunSummary) -> Option<String>
         _ => "every one was skipped or invalid",
     };
     Some(format!(
-        "nothing was checked: of {}, none passed or failed ({why}); the reasons are above \
-         and in report.html",
+        "nothing was checked: of {}, none passed or failed ({why}); report.html says why \
+         for each",
         console::count(s.trajectories, "trajectory", "trajectories")
     ))
 }
@@ -335,8 +335,9 @@ pub struct RunArgs {
     /// A label recorded with the run (run.json, runs.parquet, `trellis runs`); repeatable.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = meta::parse_label)]
     labels: Vec<(String, String)>,
-    /// Compare with this run when done (directory, id, name; without a value the pinned
-    /// baseline) and exit by the comparison: 1 on a regression past the thresholds, 0
+    /// Compare with this run when done (directory, id, name; without a value the run
+    /// pinned in the runs directory this run is written to: `runs/`, or the parent of
+    /// --out) and exit by the comparison: 1 on a regression past the thresholds, 0
     /// otherwise, even when trajectories fail that failed in the baseline too.
     #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned",
           add = ArgValueCandidates::new(complete::runs))]

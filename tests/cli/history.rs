@@ -1976,7 +1976,7 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
             let suite = format!(
                 "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
                  scenario \"hello\" {{\n    agent \"slow\"\n    repeat 8\n    \
-                 user \"hi\"\n    user \"again\"\n}}\n",
+                 user \"hi\"\n    user \"again\"\n    expect no-error\n}}\n",
                 server.url()
             );
             let dir = tempfile::tempdir().unwrap();

@@ -868,6 +868,43 @@ async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() 
             "resume {resume}: {err}"
         );
     }
+    // In a GitHub workflow: an annotation, and a line in the job summary.
+    let step_summary = dir.path().join("summary.md");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .args(["--filter", "unchecked", "--out"])
+        .arg(dir.path().join("in-actions"))
+        .env("GITHUB_ACTIONS", "true")
+        .env("GITHUB_STEP_SUMMARY", &step_summary)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "::warning title=Trellis run checked nothing::none of the run's 1 trajectory \
+             passed or failed (1 skipped, 0 invalid)"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    let summary = std::fs::read_to_string(&step_summary).unwrap();
+    assert!(summary.contains("**Nothing was checked:**"), "{summary}");
+    // Two such runs compared: the gate does not pass on nothing.
+    let o = trellis()
+        .arg("compare")
+        .arg(&alone)
+        .arg(dir.path().join("in-actions"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        crate::flat(&stdout(&o)).contains("all 1 of its trajectories were skipped"),
+        "{}",
+        stdout(&o)
+    );
 
     // `--strict`: a trajectory that checks nothing is a failure.
     let strict = dir.path().join("strict");
