@@ -338,7 +338,7 @@ pub enum HistoryError {
     #[diagnostic(
         code(trellis::history::nothing_pinned),
         help(
-            "pin the run to hold the agent to with `trellis runs pin RUN` (`trellis runs` lists them)"
+            "pin the run to hold the agent to with `trellis runs pin RUN` (`trellis runs` lists them); the pinned run is looked for beside this run's directory (in the parent of `--out`): elsewhere, name it with `--baseline DIR`"
         )
     )]
     NothingPinned { dir: PathBuf },
