@@ -91,6 +91,12 @@ pub struct ScenarioFingerprints {
     /// Each execution node by id (`start`, `accepts`, `accepts/then`): its own steps
     /// chained to its parent's fingerprint.
     pub nodes: BTreeMap<Arc<str>, Fingerprint>,
+    /// `scenario` and `nodes` with the `salt` in place of the `setup`: what changed
+    /// besides what tools answer (`trellis watch` reruns a scenario whose only change is
+    /// an edited mock none of its turns called as unchanged). `scenario` and no nodes when
+    /// not asked for ([`stamp`]).
+    pub salted_scenario: Fingerprint,
+    pub salted_nodes: BTreeMap<Arc<str>, Fingerprint>,
 }
 
 /// Records in `plan` what each planned trajectory means: the fingerprint of its last
@@ -313,6 +319,8 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario, salted: bool) -> Sce
 
     let tg = TrajectoryGraph::build(sc);
     let mut nodes: BTreeMap<Arc<str>, Fingerprint> = BTreeMap::new();
+    // The same chained from the salt, when asked for.
+    let mut salted_nodes: BTreeMap<Arc<str>, Fingerprint> = BTreeMap::new();
     for trajectory in &tg.trajectories {
         let labels: Vec<&str> = trajectory
             .segments
@@ -324,10 +332,19 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario, salted: bool) -> Sce
             conversation: setup,
             checks: checks_setup,
         };
+        let mut salted_parent = Fingerprint {
+            conversation: salt,
+            checks: checks_setup,
+        };
         for (&segment, id) in trajectory.segments.iter().zip(&ids) {
             let id: Arc<str> = Arc::from(id.as_str());
             let fingerprint = match nodes.get(&id) {
-                Some(&known) => known,
+                Some(&known) => {
+                    if salted && let Some(&known) = salted_nodes.get(&id) {
+                        salted_parent = known;
+                    }
+                    known
+                }
                 None => {
                     conversation.clear();
                     checks.clear();
@@ -341,6 +358,13 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario, salted: bool) -> Sce
                         conversation: chain(parent.conversation, &conversation),
                         checks: chain(parent.checks, &checks),
                     };
+                    if salted {
+                        salted_parent = Fingerprint {
+                            conversation: chain(salted_parent.conversation, &conversation),
+                            checks: fingerprint.checks,
+                        };
+                        salted_nodes.insert(id.clone(), salted_parent);
+                    }
                     nodes.insert(id, fingerprint);
                     fingerprint
                 }
@@ -358,14 +382,30 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario, salted: bool) -> Sce
         let _ = write!(conversation, "{id}={};", fingerprint.conversation.0);
         let _ = write!(checks, "{id}={};", fingerprint.checks.0);
     }
+    let scenario = Fingerprint {
+        conversation: chain(setup, &conversation),
+        checks: chain(checks_setup, &checks),
+    };
+    let salted_scenario = if salted {
+        conversation.clear();
+        let _ = write!(conversation, "repeat {};", sc.repeat);
+        for (id, fingerprint) in &salted_nodes {
+            let _ = write!(conversation, "{id}={};", fingerprint.conversation.0);
+        }
+        Fingerprint {
+            conversation: chain(salt, &conversation),
+            checks: scenario.checks,
+        }
+    } else {
+        scenario
+    };
     ScenarioFingerprints {
         setup,
         salt,
-        scenario: Fingerprint {
-            conversation: chain(setup, &conversation),
-            checks: chain(checks_setup, &checks),
-        },
+        scenario,
         nodes,
+        salted_scenario,
+        salted_nodes,
     }
 }
 

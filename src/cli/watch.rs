@@ -677,7 +677,13 @@ impl Session {
             return Rerun::Done;
         }
         let prints = fingerprint::project(&project);
-        let (mut whys, mut first) = self.reasons(&plan, &prints);
+        let (mut whys, mut first) = self.reasons(&plan, &prints, &|key, sandbox| {
+            // Before the salts change: a mock edit keeps the salt.
+            let Some(&salt) = self.salts.get(key) else {
+                return true;
+            };
+            self.memo.calls_changed_tools(key, salt, sandbox)
+        });
         if changed.afresh {
             // The agent itself may have changed, which no file of the suites says: nothing
             // recorded before is reused.
@@ -814,10 +820,13 @@ impl Session {
     /// Why each planned scenario reruns, compared with the last run; and the plan indices of
     /// those that do (not [`Why::Unchanged`]), which start first: their results are what the
     /// person waits for.
+    /// `calls_changed_tools(key, sandbox)`: whether scenario `key` has a recorded turn that
+    /// called a tool `sandbox` now answers differently (or no recorded turn at all).
     fn reasons(
         &self,
         plan: &Plan,
         prints: &BTreeMap<String, ScenarioFingerprints>,
+        calls_changed_tools: &dyn Fn(&str, &trellis_engine::sandbox::SandboxSpec) -> bool,
     ) -> (BTreeMap<String, Why>, Vec<usize>) {
         let keys: Vec<String> = plan
             .scenarios
@@ -843,12 +852,17 @@ impl Session {
                 if back && !s.needs.is_empty() {
                     return Why::BackAfterNeeds;
                 }
-                match now.scenario.change_from(&last.scenario) {
+                let mocks = now.setup != last.setup;
+                if mocks && now.salt == last.salt && calls_changed_tools(key, &s.sandbox) {
+                    return Why::Mocks;
+                }
+                // What changed besides what tools answer: an edited mock none of its turns
+                // called changes nothing of it.
+                match now.salted_scenario.change_from(&last.salted_scenario) {
                     Change::Conversation if now.salt != last.salt => Why::Setup,
-                    Change::Conversation if now.setup != last.setup => Why::Mocks,
                     // Every node sends and checks what it did: the conversation half moved
                     // by `repeat` alone (it counts there, not in any node).
-                    Change::Conversation if now.nodes == last.nodes => Why::Repeat,
+                    Change::Conversation if now.salted_nodes == last.salted_nodes => Why::Repeat,
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.
@@ -920,7 +934,7 @@ impl Session {
                 let leaf = t.nodes.last();
                 let node_why = match (why, last, now, leaf) {
                     (Why::Steps | Why::Checks | Why::Repeat, Some(last), Some(now), Some(leaf)) => {
-                        match (last.nodes.get(leaf), now.nodes.get(leaf)) {
+                        match (last.salted_nodes.get(leaf), now.salted_nodes.get(leaf)) {
                             (Some(before), Some(after)) => {
                                 // A node's fingerprint chains its parents': the leaf's says
                                 // whether anything on the path changed. The scenario's own

@@ -2173,7 +2173,7 @@ async fn an_agent_that_was_down_is_asked_again_by_the_next_save() {
 
 /// An edited mock makes only the turns that called its tool talk to the agent again:
 /// the agent is never told what a tool answers, so a scenario that did not call it is
-/// answered from the records.
+/// unchanged, and so is what needs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
     let calls_lookup = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"found"},{"role":"assistant","content":"Found it."}]}"#;
@@ -2187,7 +2187,8 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
              tool \"lookup\" {{\n    mock returns=#\"{{\"status\": \"{lookup}\"}}\"#\n}}\n\
              tool \"weather\" {{\n    mock returns=#\"{{\"sky\": \"{weather}\"}}\"#\n}}\n\
              scenario \"calls\" {{\n    agent \"caller\"\n    user \"find it\"\n    user \"and again\"\n    expect no-error\n}}\n\
-             scenario \"talks\" {{\n    agent \"other\"\n    user \"hello\"\n    expect no-error\n}}\n",
+             scenario \"talks\" {{\n    agent \"other\"\n    user \"hello\"\n    expect no-error\n}}\n\
+             scenario \"after\" {{\n    agent \"other\"\n    needs \"talks\"\n    user \"then\"\n    expect no-error\n}}\n",
             caller.url(),
             other.url()
         )
@@ -2195,26 +2196,26 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
     write(&dir.path().join("suite.kdl"), &suite("found", "clear"));
     let mut watch = Watch::start(dir.path(), &[]);
     watch.wait_for("watch: rerun 1 done").await;
-    assert_eq!((caller.requests(), other.requests()), (2, 1));
+    assert_eq!((caller.requests(), other.requests()), (2, 2));
 
-    // A tool neither agent called: both scenarios rerun, from the records alone.
+    // A tool no turn called: nothing reruns (the next rerun is the one below).
     write(&dir.path().join("suite.kdl"), &suite("found", "rain"));
-    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
-    assert!(lines.contains("a tool's answers changed"), "{lines}");
-    assert_eq!(
-        (caller.requests(), other.requests()),
-        (2, 1),
-        "{}",
-        watch.all()
-    );
-
     // The tool the caller called in its first turn: that turn and the next talk again,
-    // the other scenario still not.
+    // the other scenarios not, and are not listed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     write(&dir.path().join("suite.kdl"), &suite("missing", "rain"));
-    watch.wait_for("watch: rerun 3 done").await;
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/calls (a tool's answers changed"),
+        "{lines}"
+    );
+    assert!(
+        !lines.contains("suite/talks") && !lines.contains("suite/after"),
+        "{lines}"
+    );
     assert_eq!(
         (caller.requests(), other.requests()),
-        (4, 1),
+        (4, 2),
         "{}",
         watch.all()
     );
@@ -2227,11 +2228,11 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
             "tool \"weather\" {\n    description \"the sky\"",
         ),
     );
-    let lines = watch.wait_for("watch: rerun 4 done").await.join("\n");
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
     assert!(lines.contains("setup changed"), "{lines}");
     assert_eq!(
         (caller.requests(), other.requests()),
-        (6, 2),
+        (6, 4),
         "{}",
         watch.all()
     );

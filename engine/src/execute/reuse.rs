@@ -140,6 +140,22 @@ impl TurnMemo {
         self.lock().counts.values().map(|c| c.called).sum()
     }
 
+    /// Whether scenario `scenario` (`suite/scenario`) has a turn kept under `salt` that
+    /// called a tool `sandbox` now defines differently, or no turn kept at all: whether a
+    /// rerun of it after an edit to what tools answer could call its agent.
+    pub fn calls_changed_tools(&self, scenario: &str, salt: u64, sandbox: &SandboxSpec) -> bool {
+        let state = self.lock();
+        let mut kept = state
+            .turns
+            .values()
+            .filter(|k| &*k.scenario == scenario && k.salt == Some(salt))
+            .peekable();
+        if kept.peek().is_none() {
+            return true;
+        }
+        kept.any(|k| k.tools != tools_digest(&k.turn, sandbox))
+    }
+
     /// How many turns are kept.
     pub fn len(&self) -> usize {
         self.lock().turns.len()
