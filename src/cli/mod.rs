@@ -755,17 +755,21 @@ fn protocol_setting(path: &str) -> Option<String> {
     Some(shown.join("\n\n"))
 }
 
+/// What `check` warns of in a project that loads (`watch` and the editor show the same).
+/// `env` as `run` would see it here: a template reading an unset variable fails at run time.
+pub(crate) fn project_warnings(project: &trellis_dsl::Project) -> Vec<trellis_dsl::Diagnostic> {
+    let mut warnings = trellis_engine::plan::warnings(project);
+    warnings.extend(trellis_dsl::validate::warnings(project, |name| {
+        std::env::var(name).ok()
+    }));
+    warnings
+}
+
 fn lsp() -> u8 {
     let config = trellis_lsp::Config {
         protocols: trellis_engine::protocol::registry::specs(),
         // What `check` adds to a project that loads, as `check` computes it.
-        warnings: Box::new(|project| {
-            let mut warnings = trellis_engine::plan::warnings(project);
-            warnings.extend(trellis_dsl::validate::warnings(project, |name| {
-                std::env::var(name).ok()
-            }));
-            warnings
-        }),
+        warnings: Box::new(project_warnings),
     };
     match trellis_lsp::serve_stdio(config) {
         Ok(trellis_lsp::server::Ended::ExitedWithoutShutdown) => EXIT_FAILED,
@@ -791,11 +795,7 @@ fn check(args: &PathArgs, json: bool) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let mut warnings = trellis_engine::plan::warnings(&project);
-    // `env` as `run` would see it here: a template reading an unset variable fails at run time.
-    warnings.extend(trellis_dsl::validate::warnings(&project, |name| {
-        std::env::var(name).ok()
-    }));
+    let warnings = project_warnings(&project);
     for warning in &warnings {
         if json {
             console::outln!("{}", check_json::diagnostic(warning, &project.files));

@@ -202,6 +202,11 @@ struct Session {
     asks: Option<mpsc::UnboundedReceiver<()>>,
     /// A person at a terminal can ask for them: each rerun's footer says how.
     keys: bool,
+    /// What `trellis check` warns of in the suites as last loaded, rendered, and what was
+    /// last printed of them (off a terminal they are printed when they change; on one,
+    /// under each rerun, whose screen is redrawn).
+    warnings: Vec<String>,
+    warnings_said: Vec<String>,
     /// Changed paths taken in and not acted on yet, and since when.
     pending: Vec<PathBuf>,
     pending_since: Option<Instant>,
@@ -370,6 +375,8 @@ impl Session {
             changes,
             asks,
             keys,
+            warnings: Vec::new(),
+            warnings_said: Vec::new(),
             pending: Vec::new(),
             pending_since: None,
             recursive: BTreeSet::new(),
@@ -675,6 +682,13 @@ impl Session {
                 super::nothing_selected(&project, &self.args.select.selection())
             );
             return Rerun::Done;
+        }
+        self.warnings = super::project_warnings(&project)
+            .into_iter()
+            .map(|w| format!("{:?}", miette::Report::new(w)))
+            .collect();
+        if !self.tty && self.warnings != self.warnings_said {
+            self.say_warnings();
         }
         let prints = fingerprint::project(&project);
         let (mut whys, mut first) = self.reasons(&plan, &prints, &|key, sandbox| {
@@ -1178,6 +1192,7 @@ impl Session {
                 if self.tty {
                     // The screen was redrawn: failures that did not rerun stay in sight.
                     print_standing_failures(&self.results, &shown, &self.latest_dir());
+                    self.say_warnings();
                     if self.keys {
                         outln!(
                             "watch: Enter reruns every scenario afresh (after changing an agent)"
@@ -1206,6 +1221,29 @@ impl Session {
 impl Session {
     /// What a save that cannot run leaves: the last finished rerun's results, or none yet
     /// (a session that started on a broken suite).
+    /// Prints what `trellis check` warns of in the suites, the first few in full.
+    fn say_warnings(&mut self) {
+        const SHOWN: usize = 5;
+        for warning in self.warnings.iter().take(SHOWN) {
+            errln!("{warning}");
+        }
+        match self.warnings.len() {
+            0 if !self.warnings_said.is_empty() => {
+                errln!("watch: the suites' warnings are all gone");
+            }
+            0 => {}
+            n if n > SHOWN => errln!(
+                "watch: {n} warnings in the suites, {} more than shown: `trellis check` lists them",
+                n - SHOWN
+            ),
+            n => errln!(
+                "watch: {} in the suites (as `trellis check` gives them)",
+                super::console::count(n as u64, "warning", "warnings")
+            ),
+        }
+        self.warnings_said = self.warnings.clone();
+    }
+
     fn kept(&self) -> &'static str {
         if self.last.is_some() {
             "the last results stay"

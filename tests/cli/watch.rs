@@ -2280,3 +2280,35 @@ async fn enter_reruns_every_scenario_afresh() {
     watch.wait_for("watch: rerun 3 done").await;
     assert_eq!(agent.requests(), 7, "{}", watch.all());
 }
+
+/// What `trellis check` warns of is shown by watch too, when it changes: a typo that
+/// still loads (a check naming a tool the suites do not declare) is not silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warnings_of_check_are_shown_as_they_change() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = |tool: &str| {
+        format!(
+            "agent \"x\" protocol=\"connexity\" url=\"{}\"\n\
+             tool \"refund\" {{\n    mock returns=\"ok\"\n}}\n\
+             scenario \"s\" {{\n    user \"hi\"\n    expect no-tool \"{tool}\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&dir.path().join("suite.kdl"), &suite("refnd"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    // Off a terminal, on stderr before the rerun they were loaded for (whose lines, on
+    // stdout, this reads in no set order with them).
+    let lines = watch
+        .wait_for("watch: 1 warning in the suites")
+        .await
+        .join("\n");
+    assert!(lines.contains("refnd"), "{lines}");
+
+    write(&dir.path().join("suite.kdl"), &suite("refund"));
+    let lines = watch
+        .wait_for("watch: the suites' warnings are all gone")
+        .await
+        .join("\n");
+    assert!(!lines.contains("refnd"), "{lines}");
+}
