@@ -14,7 +14,7 @@
 //! a shard with no directory, a shard whose run did not finish (killed, stopped, or still
 //! running) and the trajectory runs it did not record.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -171,11 +171,22 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     };
     // The same directory named twice (a glob and a path) is one shard.
     let mut seen = HashSet::new();
+    let mut named_twice = BTreeSet::new();
     let dirs: Vec<&PathBuf> = args
         .dirs
         .iter()
-        .filter(|d| seen.insert(d.canonicalize().unwrap_or_else(|_| (*d).clone())))
+        .filter(|d| {
+            let fresh = seen.insert(d.canonicalize().unwrap_or_else(|_| (*d).clone()));
+            if !fresh {
+                named_twice.insert(d.display().to_string());
+            }
+            fresh
+        })
         .collect();
+    // Said, since a shard then missing reads as one never given.
+    for dir in &named_twice {
+        errln!("note: {dir} is given twice: it is merged once");
+    }
     let mut split: Option<ShardPlan> = None;
     let mut shards: Vec<ShardDir> = Vec::new();
     for dir in dirs {

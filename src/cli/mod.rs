@@ -182,7 +182,8 @@ enum Command {
     ///
     /// Watches every file the suites load. A broken edit prints its diagnostics and keeps
     /// the last results; each rerun is recorded in its own run directory under --out
-    /// (default runs/). Runs until Ctrl-C (exit 130).
+    /// (default runs/). Runs until Ctrl-C or SIGTERM (exit 130); Enter reruns
+    /// every scenario afresh (after a change to an agent itself).
     Watch(watch::WatchArgs),
     /// List the runs in a runs directory; name a run, or pin one as the baseline.
     ///

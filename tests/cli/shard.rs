@@ -1047,6 +1047,19 @@ async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
         "shard 1 is given twice",
     );
 
+    // The same directory twice, and no other: said, beside the shard that is missing.
+    let o = merge(vec![a.clone(), a.clone()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains(&format!(
+            "note: {} is given twice: it is merged once",
+            a.display()
+        )) && err.contains("shard 2/2: no directory given"),
+        "{}",
+        said(&o)
+    );
+
     // Another shard count.
     let of_three = tmp.path().join("of-three");
     let o = run_shard(&suite, "2/3", &of_three, NONE).await;
