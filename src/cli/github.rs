@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use trellis_engine::plan::Plan;
 use trellis_reports::compare::{Comparison, Verdict};
-use trellis_reports::stats::RunStats;
+use trellis_reports::stats::{CriterionStats, RunStats};
 
 /// Annotations of one step GitHub shows at most of each kind (10 errors): more are dropped
 /// by it, so more are not written.
@@ -21,11 +22,17 @@ const MAX_LISTED: usize = 20;
 
 /// Where each scenario is written, to place its annotation: taken from the plan and the
 /// suites' files before they are let go, only inside a workflow.
-pub struct Locations(HashMap<(String, String), (PathBuf, usize)>);
+pub struct Locations {
+    /// Each scenario's file (from the repository's root) and line.
+    at: HashMap<(String, String), (PathBuf, usize)>,
+    /// Each placed scenario's model and the index of its file, to place its checks.
+    models: HashMap<(String, String), (Arc<trellis_dsl::Scenario>, usize)>,
+    files: Vec<trellis_dsl::SourceFile>,
+}
 
 impl Locations {
     pub fn of(plan: &Plan, project: &trellis_dsl::Project) -> Option<Self> {
-        let planned = plan.scenarios.iter().map(|s| (&*s.suite, &*s.scenario));
+        let planned = plan.scenarios.iter().map(|s| (&*s.suite, &s.scenario));
         Locations::of_scenarios(project, planned)
     }
 
@@ -33,25 +40,30 @@ impl Locations {
     /// for no project: the annotations then name no file.
     pub fn of_project(project: Option<&trellis_dsl::Project>) -> Option<Self> {
         let Some(project) = project else {
-            return wanted().then(|| Locations(HashMap::new()));
+            return wanted().then(|| Locations {
+                at: HashMap::new(),
+                models: HashMap::new(),
+                files: Vec::new(),
+            });
         };
         let all = project.suites.iter().flat_map(|suite| {
             suite
                 .scenarios
                 .iter()
-                .map(move |sc| (suite.name.as_str(), &**sc))
+                .map(move |sc| (suite.name.as_str(), sc))
         });
         Locations::of_scenarios(project, all)
     }
 
     fn of_scenarios<'a>(
         project: &trellis_dsl::Project,
-        scenarios: impl Iterator<Item = (&'a str, &'a trellis_dsl::Scenario)>,
+        scenarios: impl Iterator<Item = (&'a str, &'a Arc<trellis_dsl::Scenario>)>,
     ) -> Option<Self> {
         if !wanted() {
             return None;
         }
         let mut at = HashMap::new();
+        let mut models = HashMap::new();
         let cwd = std::env::current_dir().ok();
         let root = repository_root(cwd.as_deref());
         // Each file's path from the root, found once: a file holds many scenarios (a
@@ -77,13 +89,36 @@ impl Locations {
                 continue;
             };
             let (line, _) = file.line_col(span.span.offset());
-            at.insert((suite.to_owned(), scenario.id.value.clone()), (path, line));
+            let key = (suite.to_owned(), scenario.id.value.clone());
+            models.insert(key.clone(), (Arc::clone(scenario), span.file));
+            at.insert(key, (path, line));
         }
-        Some(Locations(at))
+        Some(Locations {
+            at,
+            models,
+            files: project.files.clone(),
+        })
     }
 
     fn of_scenario(&self, suite: &str, scenario: &str) -> Option<&(PathBuf, usize)> {
-        self.0.get(&(suite.to_owned(), scenario.to_owned()))
+        self.at.get(&(suite.to_owned(), scenario.to_owned()))
+    }
+
+    /// Where check `c` is written: its file, line and column, when it is in its scenario's
+    /// file (a scenario's checks are, but for a `criteria-override` of another file).
+    fn of_check(&self, c: &CriterionStats) -> Option<(&Path, usize, usize)> {
+        let key = (c.suite.to_string(), c.scenario.to_string());
+        let (path, _) = self.at.get(&key)?;
+        let (model, file) = self.models.get(&key)?;
+        let span = model
+            .checks_written_as(&c.trajectory, c.turn_index, &c.criterion)
+            .first()?
+            .span;
+        if span.file != *file {
+            return None;
+        }
+        let (line, column) = self.files.get(span.file)?.line_col(span.span.offset());
+        Some((path, line, column))
     }
 }
 
@@ -308,6 +343,14 @@ fn annotations(
             }
         }
         None => {
+            let place_check = |c: &CriterionStats| {
+                locations.of_check(c).map(|(path, line, column)| {
+                    format!(
+                        "file={},line={line},col={column},",
+                        property(&path.display().to_string())
+                    )
+                })
+            };
             if let Some(why) = nothing_checked(stats) {
                 lines.push(format!(
                     "::warning title={}::{}",
@@ -321,11 +364,18 @@ fn annotations(
                 .filter(|s| s.counts.failed + s.counts.errors > 0)
                 .take(MAX_ANNOTATIONS)
             {
-                let first = first_failure(stats, &s.suite, &s.scenario, &s.agent)
+                let check = first_failed_check(stats, &s.suite, &s.scenario, &s.agent);
+                let first = check
+                    .map(said_of)
                     .or_else(|| s.first_fault.as_deref().map(cut_short));
+                // At the failed check's line, else the scenario's (a fault, a check whose
+                // place cannot be told).
+                let at = check
+                    .and_then(place_check)
+                    .unwrap_or_else(|| place(&s.suite, &s.scenario));
                 lines.push(format!(
                     "::error {}title={}::{}",
-                    place(&s.suite, &s.scenario),
+                    at,
                     property(&format!("{}/{} [{}] failed", s.suite, s.scenario, s.agent)),
                     data(&format!(
                         "{}{}",
@@ -598,17 +648,31 @@ fn gate_note(rate: &trellis_reports::compare::RateChange) -> Option<String> {
 
 /// The first failed (or erred) check of a scenario and why, cut short.
 fn first_failure(stats: &RunStats, suite: &str, scenario: &str, agent: &str) -> Option<String> {
-    let c = stats.criteria.iter().find(|c| {
+    first_failed_check(stats, suite, scenario, agent).map(said_of)
+}
+
+/// The first check of a scenario's agent that failed or errored.
+fn first_failed_check<'s>(
+    stats: &'s RunStats,
+    suite: &str,
+    scenario: &str,
+    agent: &str,
+) -> Option<&'s CriterionStats> {
+    stats.criteria.iter().find(|c| {
         c.failed + c.errors > 0
             && *c.suite == *suite
             && *c.scenario == *scenario
             && *c.agent == *agent
-    })?;
+    })
+}
+
+/// `CHECK: why it failed`, cut short.
+fn said_of(c: &CriterionStats) -> String {
     let why = c
         .first_failure
         .as_deref()
         .unwrap_or(if c.failed > 0 { "failed" } else { "error" });
-    Some(cut_short(&format!("{}: {why}", c.criterion)))
+    cut_short(&format!("{}: {why}", c.criterion))
 }
 
 /// `text`, at most 300 characters of it.
@@ -726,7 +790,11 @@ mod tests {
         }))
         .unwrap();
         let lines = annotations(
-            &Locations(HashMap::new()),
+            &Locations {
+                at: HashMap::new(),
+                models: HashMap::new(),
+                files: Vec::new(),
+            },
             &RunStats::default(),
             Some(("b", &comparison)),
         );

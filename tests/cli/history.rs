@@ -858,13 +858,14 @@ async fn a_run_in_a_github_workflow_annotates_failures_and_writes_the_job_summar
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let text = stdout(&o);
     let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("::error ")).collect();
-    // book-duct-cleaning's asks-price fails on purpose; the scenario is declared on line 10.
+    // book-duct-cleaning's asks-price fails on purpose, at its `tool "create_booking"`
+    // check on line 46.
     assert_eq!(errors.len(), 1, "{text}");
     // The path as the run was given it: relative to where it ran, the repository's root.
     assert!(
         errors[0].starts_with(
-            "::error file=suites/booking.kdl,line=10,title=booking/book-duct-cleaning [demo] \
-             failed::3 of 6 failed; tool \"create_booking\": "
+            "::error file=suites/booking.kdl,line=46,col=9,title=booking/book-duct-cleaning \
+             [demo] failed::3 of 6 failed; tool \"create_booking\": "
         ),
         "{}",
         errors[0]

@@ -264,14 +264,14 @@ async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_
     // The example suites fail on purpose: the merge step is the verdict.
     assert_eq!(merged.status.code(), Some(1), "{}", said(&merged));
     // The pull request hears of the merged run's failures as of a run's: annotations on the
-    // scenario's line of the suites the shards recorded (here the first job's checkout;
+    // failed check's line of the suites the shards recorded (here the first job's checkout;
     // on GitHub every job's is at the same path), the job summary, and each failed check's
     // place on the console.
     let out = stdout(&merged);
     assert!(
         out.lines().any(|l| l.starts_with("::error file=")
             && l.contains(
-                "suites/booking.kdl,line=10,title=booking/book-duct-cleaning [demo] failed::"
+                "suites/booking.kdl,line=46,col=9,title=booking/book-duct-cleaning [demo] failed::"
             )),
         "{}",
         said(&merged)
