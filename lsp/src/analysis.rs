@@ -192,6 +192,28 @@ pub struct Occurrence {
     pub bare: bool,
 }
 
+/// The namespace of captures, whose ids are their scenario's: `SUITE/SCENARIO/NAME`.
+pub const CAPTURE: &str = "capture";
+
+/// Each `vars.NAME` in a template's text, with where `NAME` starts.
+fn vars_used(text: &str) -> Vec<(usize, &str)> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("vars.") {
+        let start = from + at + "vars.".len();
+        // `myvars.x` is another variable's attribute.
+        let before = text[..from + at].chars().next_back();
+        let name_len = text[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(text.len() - start);
+        if name_len > 0 && !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            found.push((start, &text[start..start + name_len]));
+        }
+        from = start;
+    }
+    found
+}
+
 /// The namespace an id of `kind` lives in: panels are judges to whoever names one.
 pub fn namespace(kind: &str) -> &str {
     if kind == "panel" { "judge" } else { kind }
@@ -378,9 +400,59 @@ impl FileIndex {
                     });
             }
             index.refs_in(file, &suite, node, spec, protocols, 0);
+            if spec.name == "scenario"
+                && let Some(id) = node.arg(0)
+            {
+                index.captures_in(file, &format!("{suite}/{}/", id.text), node, 0);
+            }
         }
         index.suite = suite;
         index
+    }
+
+    /// A scenario's captures: each `capture "NAME"` defines `NAME` for the scenario (key
+    /// `SUITE/SCENARIO/NAME` in the `capture` namespace), and each `vars.NAME` in its
+    /// strings uses it. A string with escapes in it is passed over: its text's offsets are
+    /// not the file's.
+    fn captures_in(&mut self, file: &Rc<Path>, prefix: &str, node: &Node, depth: usize) {
+        for child in node.children().filter(|c| !c.commented) {
+            if child.name == "capture"
+                && let Some(name) = child.arg(0)
+            {
+                self.defs
+                    .entry((CAPTURE.to_owned(), format!("{prefix}{}", name.text)))
+                    .or_default()
+                    .push(Occurrence {
+                        file: file.clone(),
+                        content: name.content.clone(),
+                        node: child.span.clone(),
+                        bare: name.content == name.span,
+                    });
+            }
+            let strings = child
+                .entries
+                .iter()
+                .filter(|e| !e.commented)
+                .filter_map(|e| e.value.as_ref())
+                .filter(|v| v.is_string && v.text.len() == v.content.len());
+            for value in strings {
+                for (at, name) in vars_used(&value.text) {
+                    let start = value.content.start + at;
+                    self.refs
+                        .entry((CAPTURE.to_owned(), format!("{prefix}{name}")))
+                        .or_default()
+                        .push(Occurrence {
+                            file: file.clone(),
+                            content: start..start + name.len(),
+                            node: child.span.clone(),
+                            bare: true,
+                        });
+                }
+            }
+            if depth < 64 {
+                self.captures_in(file, prefix, child, depth + 1);
+            }
+        }
     }
 
     fn refs_in(

@@ -437,7 +437,7 @@ impl Server {
             return Ok(None);
         };
         let Some(key) = index.at(&file, offset) else {
-            return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator, scenario or dataset can be renamed".into());
+            return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator, scenario or dataset, or a capture's name, can be renamed".into());
         };
         let occurrence = index
             .defs(&key)
@@ -494,10 +494,29 @@ impl Server {
                 p.new_name
             ));
         }
+        // Read as `vars.NAME` in templates: an attribute's name.
+        if key.0 == analysis::CAPTURE
+            && !(p
+                .new_name
+                .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && p.new_name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(format!(
+                "`{}` cannot be a capture's name: templates read it as `vars.NAME`, which \
+                 takes letters, digits and `_`, not starting with a digit",
+                p.new_name
+            ));
+        }
         // A scenario's id is its suite's: another suite's scenario of that name is not in
-        // the way.
+        // the way. A capture's is its scenario's.
         let new_key = match trellis_dsl::graph::split_reference(&key.1) {
             Some((suite, _)) if key.0 == "scenario" => format!("{suite}/{}", p.new_name),
+            _ if key.0 == analysis::CAPTURE => match key.1.rsplit_once('/') {
+                Some((scenario, _)) => format!("{scenario}/{}", p.new_name),
+                None => p.new_name.clone(),
+            },
             _ => p.new_name.clone(),
         };
         if index.defined(&(key.0.clone(), new_key)) {

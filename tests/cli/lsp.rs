@@ -1535,3 +1535,60 @@ fn dataset_ids_complete_navigate_rename_and_outline() {
         out[12]
     );
 }
+
+/// A capture is a definition of its scenario: `vars.NAME` in a template goes to its
+/// `capture`, finds its references, and renames with it; another scenario's capture of the
+/// same name is another one, and a name templates cannot read is refused.
+#[test]
+fn captures_are_defined_found_and_renamed_within_their_scenario() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let suite = r##"agent "bot" protocol="connexity" builtin="booking"
+scenario "a" {
+    user "quote me"
+    capture "quote" regex=#"\$(\d+)"#
+    user "Is {{ vars.quote }} final? {{vars.quote}}"
+    expect reply contains="{{ vars.quote }}"
+}
+scenario "b" {
+    user "hi"
+    capture "quote" regex=#"(\d+)"#
+    user "{{ vars.quote }}"
+}
+"##;
+    std::fs::write(dir.path().join("t.kdl"), suite).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "t.kdl"},
+        // On `quote` in `vars.quote` of scenario a's second user step.
+        {"do": "definition", "file": "t.kdl", "line": 4, "character": 22},
+        {"do": "references", "file": "t.kdl", "line": 3, "character": 14},
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "price"},
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "the-price"},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(
+        out[2]["locations"],
+        serde_json::json!([{"file": "t.kdl", "line": 3, "character": 13}]),
+        "{}",
+        out[2]
+    );
+    // The definition and the three uses in scenario a; none of scenario b.
+    assert_eq!(
+        out[3]["locations"].as_array().map(Vec::len),
+        Some(4),
+        "{}",
+        out[3]
+    );
+    assert_eq!(
+        out[4]["edits"],
+        serde_json::json!({"t.kdl": 4}),
+        "{}",
+        out[4]
+    );
+    assert!(
+        out[5]["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("cannot be a capture's name")),
+        "{}",
+        out[5]
+    );
+}
