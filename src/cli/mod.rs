@@ -763,6 +763,9 @@ pub(crate) fn project_warnings(project: &trellis_dsl::Project) -> Vec<trellis_ds
     warnings.extend(trellis_dsl::validate::warnings(project, |name| {
         std::env::var(name).ok()
     }));
+    // In the order they are written, file by file (the checks that find them run one after
+    // the other over the whole project).
+    warnings.sort_by_key(|w| (w.file.is_none(), w.file, w.offset()));
     warnings
 }
 

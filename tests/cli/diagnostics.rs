@@ -2046,3 +2046,35 @@ scenario "s" {
         "{said}"
     );
 }
+
+/// Warnings come in the order they are written, whatever check found them.
+#[tokio::test]
+async fn warnings_are_said_in_the_order_they_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         tool \"refund\" {\n    mock returns=\"ok\"\n}\n\
+         scenario \"a\" {\n    user \"hi {{ env.TRELLIS_TEST_NEVER_SET }}\"\n    \
+         expect no-tool \"refnd\"\n}\n\
+         scenario \"b\" {\n    user \"hi\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("s.kdl"))
+        .env_remove("TRELLIS_TEST_NEVER_SET")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    let at = |needle: &str| {
+        err.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {err}"))
+    };
+    assert!(
+        at("s.kdl:6:") < at("s.kdl:7:") && at("s.kdl:7:") < at("s.kdl:9:"),
+        "{err}"
+    );
+}
