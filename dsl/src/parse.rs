@@ -828,6 +828,11 @@ mod tests {
         );
         assert_eq!(parse_duration("2 minutes"), Ok(Duration::from_secs(120)));
         assert_eq!(
+            parse_duration("2S").unwrap_err(),
+            "unknown unit `S`: did you mean `s`? use `ms`, `s`, `m` or `h` (also `us`, `ns`, \
+             `d`)"
+        );
+        assert_eq!(
             parse_duration("2x").unwrap_err(),
             "unknown unit `x`: use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)"
         );

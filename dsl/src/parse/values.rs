@@ -168,13 +168,22 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
                     ("nanoseconds", "ns"),
                     ("weeks", "w"),
                 ];
-                let meant = crate::diagnostics::did_you_mean(
-                    &unit.to_ascii_lowercase(),
-                    NAMES.iter().map(|(name, _)| *name),
-                )
-                .and_then(|name| NAMES.iter().find(|(n, _)| *n == name))
-                .map(|(name, short)| format!("did you mean `{name}` (`{short}`)? "))
-                .unwrap_or_default();
+                // Units are written in lower case (`M` is months): `2S` meant `2s`.
+                let lower = unit.to_ascii_lowercase();
+                let short = ["ms", "s", "m", "h", "d", "us", "ns"]
+                    .into_iter()
+                    .find(|short| *short == lower)
+                    .map(|short| format!("did you mean `{short}`? "));
+                let meant = short
+                    .or_else(|| {
+                        crate::diagnostics::did_you_mean(
+                            &lower,
+                            NAMES.iter().map(|(name, _)| *name),
+                        )
+                        .and_then(|name| NAMES.iter().find(|(n, _)| *n == name))
+                        .map(|(name, short)| format!("did you mean `{name}` (`{short}`)? "))
+                    })
+                    .unwrap_or_default();
                 format!(
                     "unknown unit `{unit}`: {meant}use `ms`, `s`, `m` or `h` (also `us`, `ns`, `d`)"
                 )
