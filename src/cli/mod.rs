@@ -25,6 +25,7 @@ mod rejudge;
 mod resume;
 mod run;
 mod shard;
+mod show;
 mod sites;
 mod stop;
 mod variance;
@@ -201,6 +202,14 @@ enum Command {
     /// the most recent finished run. Exit code 0 when nothing regressed past the
     /// thresholds, 1 on a regression, 2 when a run cannot be found or read.
     Compare(history::CompareArgs),
+    /// Print a run's transcripts: each turn's message, tool calls, answer, time and fault,
+    /// then the checks; by default the trajectories that did not pass.
+    ///
+    /// Example: trellis show --filter 'booking/*'
+    ///
+    /// Read from the run's journal (default: the most recent run in --dir), for a failure
+    /// met in a CI log or over SSH, where report.html is not at hand.
+    Show(show::ShowArgs),
     /// Measure how well each LLM judge of a run agrees with human labels: Cohen's kappa,
     /// Pearson and Spearman correlation, mean absolute error, with 95% intervals; writes
     /// calibration.json into the run directory.
@@ -581,6 +590,7 @@ fn command(cli: Cli) -> u8 {
         Command::Init(args) => init::init(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
+        Command::Show(args) => show::show(args),
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),

@@ -1492,3 +1492,66 @@ async fn a_connexity_answers_metadata_is_kept_with_its_turn() {
     );
     assert!(page.contains("traces.example"), "not in the report");
 }
+
+/// `trellis show` prints a run's transcripts from its journal: by default those that did
+/// not pass, each turn's message, tool calls and answer, then its checks; `--all` the rest.
+#[tokio::test]
+async fn show_prints_the_transcripts_of_what_did_not_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"greets\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+         expect reply contains=\"postal code\"\n}\n\
+         scenario \"wrong\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+         expect reply contains=\"NEVER SAID\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = trellis()
+        .current_dir(dir.path())
+        .arg("show")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("FAILED s/wrong · main [c #0]"), "{out}");
+    assert!(
+        out.contains("    user: Hi, I'd like to book a duct cleaning."),
+        "{out}"
+    );
+    assert!(out.contains("    agent: I can help with that."), "{out}");
+    assert!(
+        out.contains("  ✗ turn 0: reply contains=\"NEVER SAID\""),
+        "{out}"
+    );
+    assert!(
+        !out.contains("s/greets"),
+        "passed: not shown by default: {out}"
+    );
+
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "--all", "--filter", "greets"])
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert!(out.contains("PASSED s/greets · main [c #0]"), "{out}");
+    assert!(!out.contains("s/wrong"), "{out}");
+
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "no-such-run"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -1,0 +1,276 @@
+//! `trellis show`: a recorded run's transcripts on the terminal, for a failure read in a CI
+//! log or over SSH, where `report.html` is not at hand.
+//!
+//! Read from the run's journal in one pass: the node entries of the selected scenarios are
+//! kept until the trajectories that went through them arrive (a trajectory is recorded after
+//! its nodes), and each selected trajectory is printed as its record comes: every turn's
+//! message, tool calls, answer, time and fault, then its checks. By default only the
+//! trajectories that did not pass are shown, the first [`DEFAULT_LIMIT`] of them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Args;
+use clap_complete::ArgValueCandidates;
+use globset::{Glob, GlobMatcher};
+use trellis_engine::journal::{self, JournalReader};
+use trellis_engine::record::{
+    CriterionStatus, JournalEntry, TrajectoryRecord, TrajectoryStatus, TurnRecord,
+};
+
+use super::console::{errln, outln};
+use super::{EXIT_INVALID, EXIT_OK, complete, history};
+
+/// Trajectories shown without `--limit`.
+const DEFAULT_LIMIT: usize = 10;
+
+/// The longest text of a message, an answer or a tool's arguments or result shown whole.
+const TEXT_SHOWN: usize = 2_000;
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The run: directory, id (or a unique prefix) or name among the runs in --dir; default:
+    /// the most recent run.
+    #[arg(add = ArgValueCandidates::new(complete::runs))]
+    run: Option<String>,
+    #[command(flatten)]
+    runs: history::RunsDir,
+    /// Only scenarios matching this glob (scenario id or `suite/scenario`); repeatable.
+    #[arg(long, value_name = "GLOB")]
+    filter: Vec<String>,
+    /// Every trajectory, passed ones too (default: those that failed, errored, were
+    /// skipped or invalid).
+    #[arg(long)]
+    all: bool,
+    /// Show at most this many trajectories.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LIMIT)]
+    limit: usize,
+}
+
+/// A node entry's key: suite, scenario, agent, repetition, node id.
+type NodeKey = (String, String, String, u32, String);
+
+pub fn show(args: ShowArgs) -> u8 {
+    let filters = match args
+        .filter
+        .iter()
+        .map(|g| Glob::new(g).map(|g| g.compile_matcher()))
+        .collect::<Result<Vec<GlobMatcher>, _>>()
+    {
+        Ok(filters) => filters,
+        Err(e) => {
+            errln!("error: --filter: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let dir = match &args.run {
+        Some(what) => match history::resolve(&args.runs.dir, what) {
+            Ok(entry) => entry.dir,
+            Err(code) => return code,
+        },
+        None => match latest(&args.runs.dir) {
+            Some(dir) => dir,
+            None => {
+                errln!(
+                    "error: no run in {} (name one: `trellis show RUN`)",
+                    args.runs.dir.display()
+                );
+                return EXIT_INVALID;
+            }
+        },
+    };
+    let Some(path) = journal::find(&dir) else {
+        errln!(
+            "error: {} holds no journal (journal.jsonl.zst): not a run directory, or a run \
+             killed before it started",
+            dir.display()
+        );
+        return EXIT_INVALID;
+    };
+    let mut journal = match JournalReader::open(&path) {
+        Ok(journal) => journal,
+        Err(e) => {
+            errln!("error: cannot read {}: {e}", path.display());
+            return EXIT_INVALID;
+        }
+    };
+    let selected = |suite: &str, scenario: &str| {
+        filters.is_empty()
+            || filters
+                .iter()
+                .any(|f| f.is_match(scenario) || f.is_match(format!("{suite}/{scenario}")))
+    };
+    let mut nodes: HashMap<NodeKey, Vec<Arc<TurnRecord>>> = HashMap::new();
+    let (mut shown, mut more) = (0usize, 0usize);
+    loop {
+        let entry = match journal.next_entry() {
+            Ok(Some(entry)) => entry,
+            Ok(None) => break,
+            Err(e) => {
+                errln!(
+                    "warning: {}: {e}; what was read before is shown",
+                    path.display()
+                );
+                break;
+            }
+        };
+        match entry {
+            JournalEntry::Node(n) if selected(&n.suite, &n.scenario) => {
+                nodes
+                    .entry((n.suite, n.scenario, n.agent, n.repetition, n.node))
+                    .or_default()
+                    .extend(n.turns);
+            }
+            JournalEntry::Trajectory(t) if selected(&t.suite, &t.scenario) => {
+                if !args.all && t.status == TrajectoryStatus::Passed {
+                    continue;
+                }
+                if shown == args.limit {
+                    more += 1;
+                    continue;
+                }
+                shown += 1;
+                print_trajectory(&t, &nodes);
+            }
+            _ => {}
+        }
+    }
+    let what = if args.all {
+        "trajectories"
+    } else {
+        "trajectories that did not pass"
+    };
+    match (shown, more) {
+        (0, _) => outln!("no {what} in {}", dir.display()),
+        (_, 0) => {}
+        (_, more) => {
+            outln!("… and {more} more {what} (--limit N shows more; --filter GLOB picks scenarios)")
+        }
+    }
+    EXIT_OK
+}
+
+/// The most recent run directory in `runs_dir`, finished or not.
+fn latest(runs_dir: &Path) -> Option<PathBuf> {
+    trellis_reports::history::list_runs(runs_dir)
+        .ok()?
+        .into_iter()
+        .next_back()
+        .map(|r| r.dir)
+}
+
+fn print_trajectory(t: &TrajectoryRecord, nodes: &HashMap<NodeKey, Vec<Arc<TurnRecord>>>) {
+    let status = match t.status {
+        TrajectoryStatus::Passed => "PASSED",
+        TrajectoryStatus::Failed => "FAILED",
+        TrajectoryStatus::Error => "ERROR",
+        TrajectoryStatus::Skipped => "SKIPPED",
+        TrajectoryStatus::Invalid => "INVALID",
+    };
+    outln!(
+        "{status} {}/{} · {} [{} #{}]  {:.0} ms",
+        t.suite,
+        t.scenario,
+        t.trajectory,
+        t.agent,
+        t.repetition,
+        t.duration_ms
+    );
+    for node in &t.nodes {
+        let key = (
+            t.suite.clone(),
+            t.scenario.clone(),
+            t.agent.clone(),
+            t.repetition,
+            node.clone(),
+        );
+        for turn in nodes.get(&key).into_iter().flatten() {
+            print_turn(turn);
+        }
+    }
+    if let Some(fault) = &t.fault {
+        outln!(
+            "  fault ({}): {}",
+            fault.category.as_str(),
+            shown(&fault.message)
+        );
+    }
+    if let Some(reason) = &t.skip_reason {
+        outln!("  skipped: {}", shown(reason));
+    }
+    for c in &t.criteria {
+        let mark = match c.status {
+            CriterionStatus::Passed => "✓",
+            CriterionStatus::Failed => "✗",
+            CriterionStatus::Error => "!",
+            CriterionStatus::Skipped => "-",
+        };
+        let on = c
+            .turn_index
+            .map(|i| format!("turn {i}: "))
+            .unwrap_or_default();
+        let detail = c
+            .detail
+            .as_deref()
+            .map(|d| format!(": {}", shown(d)))
+            .unwrap_or_default();
+        outln!("  {mark} {on}{}{detail}", c.criterion);
+    }
+    outln!("");
+}
+
+fn print_turn(turn: &TurnRecord) {
+    let reused = if turn.reused {
+        ", recorded earlier"
+    } else {
+        ""
+    };
+    let replay = if turn.replay { ", replayed prefix" } else { "" };
+    outln!(
+        "  turn {} ({}, {:.0} ms{reused}{replay})",
+        turn.turn_index,
+        turn.kind,
+        turn.latency_ms
+    );
+    if !turn.user_message.is_empty() {
+        outln!("    user: {}", shown(&turn.user_message));
+    }
+    for call in &turn.tool_calls {
+        let result = call
+            .result
+            .as_deref()
+            .map(|r| format!(" → {}", shown(r)))
+            .unwrap_or_default();
+        outln!("    tool {}({}){result}", call.name, shown(&call.arguments));
+    }
+    match &turn.reply {
+        Some(reply) => outln!("    agent: {}", shown(reply)),
+        None => outln!("    agent: (no answer)"),
+    }
+    if let Some(fault) = &turn.fault {
+        outln!(
+            "    fault ({}): {}",
+            fault.category.as_str(),
+            shown(&fault.message)
+        );
+    }
+}
+
+/// `text` on one line, control characters escaped (an agent's answer may hold terminal
+/// escapes), at most [`TEXT_SHOWN`] characters of it.
+fn shown(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == TEXT_SHOWN {
+            out.push_str("… (cut; the whole is in turns.parquet)");
+            break;
+        }
+        match c {
+            '\n' => out.push_str("⏎ "),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
