@@ -231,6 +231,9 @@ pub struct FileIndex {
     refs: BTreeMap<Key, Vec<Occurrence>>,
     /// `include "PATH"`s: the file each names (canonical) and where it is written.
     includes: Vec<(PathBuf, Occurrence)>,
+    /// Uses of an id whose place in the text cannot be told (`vars.NAME` in a string with
+    /// escapes), by the id: rename refuses rather than leave them behind.
+    unplaced: BTreeMap<Key, Vec<Occurrence>>,
     /// The ids of the `panel`s it defines (in the judges' namespace with the judges): a
     /// panel's `judges` lists judges only.
     panels: std::collections::BTreeSet<String>,
@@ -282,6 +285,13 @@ impl Index {
         self.files
             .iter()
             .flat_map(move |(_, f)| f.refs.get(key).into_iter().flatten())
+    }
+
+    /// Uses of `key` whose place in the text cannot be told.
+    pub fn unplaced<'a>(&'a self, key: &'a Key) -> impl Iterator<Item = &'a Occurrence> + 'a {
+        self.files
+            .iter()
+            .flat_map(move |(_, f)| f.unplaced.get(key).into_iter().flatten())
     }
 
     pub fn defined(&self, key: &Key) -> bool {
@@ -434,8 +444,22 @@ impl FileIndex {
                 .iter()
                 .filter(|e| !e.commented)
                 .filter_map(|e| e.value.as_ref())
-                .filter(|v| v.is_string && v.text.len() == v.content.len());
+                .filter(|v| v.is_string);
             for value in strings {
+                if value.text.len() != value.content.len() {
+                    for (_, name) in vars_used(&value.text) {
+                        self.unplaced
+                            .entry((CAPTURE.to_owned(), format!("{prefix}{name}")))
+                            .or_default()
+                            .push(Occurrence {
+                                file: file.clone(),
+                                content: value.content.clone(),
+                                node: child.span.clone(),
+                                bare: false,
+                            });
+                    }
+                    continue;
+                }
                 for (at, name) in vars_used(&value.text) {
                     let start = value.content.start + at;
                     self.refs

@@ -519,15 +519,39 @@ impl Server {
             },
             _ => p.new_name.clone(),
         };
+        // The same name: nothing to change.
+        if new_key == key.1 {
+            return Ok(Some(WorkspaceEdit::default()));
+        }
         if index.defined(&(key.0.clone(), new_key)) {
             let article = if key.0.starts_with(['a', 'e', 'i', 'o', 'u']) {
                 "an"
             } else {
                 "a"
             };
+            let whose = if key.0 == analysis::CAPTURE {
+                "the scenario"
+            } else {
+                "the project"
+            };
             return Err(format!(
-                "the project already has {article} {} `{}`",
+                "{whose} already has {article} {} `{}`",
                 key.0, p.new_name
+            ));
+        }
+        // A use rename cannot edit: the suite would be left reading a name no longer
+        // captured.
+        if let Some(o) = index.unplaced(&key).next() {
+            let line = views
+                .get(&*o.file)
+                .map(|v| v.lines.position(&v.text, o.content.start).line + 1)
+                .unwrap_or_default();
+            return Err(format!(
+                "`vars.{}` is also read in a string written with escapes ({}:{line}), which \
+                 rename cannot edit: write that string without escapes (a raw string, \
+                 `#\"…\"#`), or rename by hand",
+                key.1.rsplit('/').next().unwrap_or_default(),
+                o.file.display()
             ));
         }
         let quoted = format!("\"{}\"", p.new_name);

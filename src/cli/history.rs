@@ -83,7 +83,7 @@ pub struct ThresholdArgs {
     max_score_drop: f64,
     /// Largest increase of the mean turn latency tolerated, in percent. A regression also
     /// needs the median turn to rise and a rank test to tell the turns apart (README, `trellis
-    /// compare`): with one turn per scenario, only a rise over most of the run's turns can.
+    /// compare`): with one turn per scenario, a rise is caught only when most turns rose.
     #[arg(long, value_name = "PERCENT", default_value_t = 20.0, value_parser = non_negative)]
     max_latency_increase: f64,
     /// Latency increases below this many milliseconds never count as regressions (in the

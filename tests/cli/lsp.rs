@@ -1554,6 +1554,11 @@ scenario "b" {
     capture "quote" regex=#"(\d+)"#
     user "{{ vars.quote }}"
 }
+scenario "c" {
+    user "hi"
+    capture "quote" regex=#"(\d+)"#
+    user "say \"{{ vars.quote }}\""
+}
 "##;
     std::fs::write(dir.path().join("t.kdl"), suite).expect("written");
     let steps = serde_json::json!([
@@ -1563,6 +1568,9 @@ scenario "b" {
         {"do": "references", "file": "t.kdl", "line": 3, "character": 14},
         {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "price"},
         {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "the-price"},
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "quote"},
+        // Scenario c reads it in a string with escapes, which rename cannot edit.
+        {"do": "rename", "file": "t.kdl", "line": 14, "character": 14, "to": "price"},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(
@@ -1590,5 +1598,13 @@ scenario "b" {
             .is_some_and(|r| r.contains("cannot be a capture's name")),
         "{}",
         out[5]
+    );
+    assert_eq!(out[6]["edits"], serde_json::json!({}), "{}", out[6]);
+    assert!(
+        out[7]["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("string written with escapes") && r.contains(":16)")),
+        "{}",
+        out[7]
     );
 }
