@@ -646,11 +646,19 @@ pub fn list_readable_runs(runs_dir: &Path) -> Result<(Vec<RunEntry>, Unreadable)
     Ok((runs, unreadable))
 }
 
-/// `runs` with each run id once: of the directories holding one run, the one with the
-/// journal, else the first by path. Journals are looked for only where two directories
-/// hold the same run, not for every run listed.
+/// `runs` with each run id once: of the directories holding one run, the one that holds
+/// most of it (a journal; finished; not stopped: a copy taken of a stopped run before it
+/// was resumed is not the run), else the first by path. Journals are looked for only where
+/// two directories hold the same run, not for every run listed.
 fn once_per_run(runs: Vec<RunEntry>) -> Vec<RunEntry> {
-    let rank = |r: &RunEntry| (trellis_journal::find(&r.dir).is_none(), r.dir.clone());
+    let rank = |r: &RunEntry| {
+        (
+            trellis_journal::find(&r.dir).is_none(),
+            !r.finished,
+            r.stopped,
+            r.dir.clone(),
+        )
+    };
     let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut kept: Vec<RunEntry> = Vec::with_capacity(runs.len());
     for run in runs {
@@ -1303,7 +1311,37 @@ pub fn run_stats(dir: &Path) -> Result<crate::stats::RunStats, HistoryError> {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{RunEntry, once_per_run, redact_url};
+
+    /// A copy of a run taken while it was stopped, before it was resumed, is not the run:
+    /// listed once, the run is the finished one, whatever their paths' order.
+    #[test]
+    fn of_two_directories_holding_one_run_the_finished_one_is_listed() {
+        let entry = |dir: &str, finished: bool, stopped: bool| RunEntry {
+            dir: dir.into(),
+            run_id: "20261206T044453.101Z-ee4f".into(),
+            name: None,
+            baseline: false,
+            started_at: None,
+            duration_ms: None,
+            trajectories: None,
+            passed: None,
+            failed: None,
+            errors: None,
+            skipped: None,
+            invalid: None,
+            finished,
+            stopped,
+            labels: Default::default(),
+            meta: None,
+        };
+        let kept = once_per_run(vec![
+            entry("/nowhere/runs/a-copy", true, true),
+            entry("/nowhere/runs/r4", true, false),
+        ]);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].dir, std::path::Path::new("/nowhere/runs/r4"));
+    }
 
     #[test]
     fn urls_lose_credentials_query_and_fragment() {
