@@ -527,14 +527,23 @@ pub fn compare(
         .iter()
         .map(|b| ((&*b.suite, &*b.scenario, &*b.trajectory, &*b.agent), b))
         .collect();
+    // Behind a base that stopped before its end, what it never reached reads as new: one
+    // line says so, instead of one per scenario (thousands for a dataset) that each read
+    // as a scenario added to the suites.
+    let base_stopped = incomplete(base).is_some();
+    let mut unreached_failing: Vec<String> = Vec::new();
     for s in &scenarios {
         if let (Verdict::Added, Some(h)) = (s.rate.verdict, s.rate.head)
             && h.passed < h.samples
         {
-            regressions.push(format!(
-                "scenario {}/{} [{}]: new in the head run, and failing: {}/{} passed",
-                s.suite, s.scenario, s.agent, h.passed, h.samples
-            ));
+            if base_stopped {
+                unreached_failing.push(format!("{}/{} [{}]", s.suite, s.scenario, s.agent));
+            } else {
+                regressions.push(format!(
+                    "scenario {}/{} [{}]: new in the head run, and failing: {}/{} passed",
+                    s.suite, s.scenario, s.agent, h.passed, h.samples
+                ));
+            }
         }
         if let Some(why) = &s.not_run {
             regressions.push(format!(
@@ -582,6 +591,16 @@ pub fn compare(
             ));
         }
     }
+    if let Some(first) = unreached_failing.first() {
+        let (what, fail) = match unreached_failing.len() {
+            1 => ("1 scenario".to_owned(), "fails"),
+            n => (format!("{n} scenarios"), "fail"),
+        };
+        regressions.push(format!(
+            "{what} that the base run never reached (it stopped before its end) {fail} in the \
+             head run (the first: {first}): compared with nothing"
+        ));
+    }
 
     let branches: Vec<BranchChange> = pair(
         base.branches.iter().map(|b| {
@@ -625,6 +644,7 @@ pub fn compare(
         }
     })
     .collect();
+    let mut unreached_failing_branches: Vec<String> = Vec::new();
     for b in &branches {
         // A branch the base run did not check (new in a scenario both ran, or skipped in the
         // base) that fails now. Names the agent or an attack chose (`NAME~…`) differ from
@@ -637,10 +657,18 @@ pub fn compare(
             && let Some(h) = b.rate.head
             && h.passed < h.samples
         {
-            regressions.push(format!(
-                "branch {}/{} {} [{}]: not checked in the base run, and failing: {}/{} passed",
-                b.suite, b.scenario, b.trajectory, b.agent, h.passed, h.samples
-            ));
+            if base_stopped && b.rate.base.is_none() {
+                unreached_failing_branches.push(format!(
+                    "{}/{} {} [{}]",
+                    b.suite, b.scenario, b.trajectory, b.agent
+                ));
+            } else {
+                regressions.push(format!(
+                    "branch {}/{} {} [{}]: not checked in the base run, and failing: {}/{} \
+                     passed",
+                    b.suite, b.scenario, b.trajectory, b.agent, h.passed, h.samples
+                ));
+            }
         }
         if b.rate.verdict == Verdict::NotRun
             && !not_run.contains(&(b.suite.as_str(), b.scenario.as_str(), b.agent.as_str()))
@@ -682,6 +710,16 @@ pub fn compare(
                 head_counts.as_ref().map(in_the_head).unwrap_or_default()
             ));
         }
+    }
+    if let Some(first) = unreached_failing_branches.first() {
+        let (what, fail) = match unreached_failing_branches.len() {
+            1 => ("1 branch".to_owned(), "fails"),
+            n => (format!("{n} branches"), "fail"),
+        };
+        regressions.push(format!(
+            "{what} that the base run never reached (it stopped before its end) {fail} in the \
+             head run (the first: {first}): compared with nothing"
+        ));
     }
 
     let criteria: Vec<CriterionChange> = unreached_on_their_turns(pair(

@@ -1259,16 +1259,54 @@ async fn a_stopped_run_is_no_baseline() {
         &[sample("yes", 0, true, 100.0)],
     );
     mark_stopped(&runs.path().join("stopped")).await;
+    // Two scenarios and two branches the stopped base never reached, failing in the head.
+    let other = |scenario: &'static str| Sample {
+        scenario,
+        ..sample("main", 0, false, 100.0)
+    };
     write_run(
         runs.path(),
         "head",
         "2026-01-02T00:00:00Z",
-        &[sample("yes", 0, true, 100.0)],
+        &[
+            sample("yes", 0, true, 100.0),
+            sample("later", 0, false, 100.0),
+            sample("last", 0, false, 100.0),
+            other("d"),
+            other("e"),
+        ],
     );
 
     let o = compare(runs.path(), &["stopped", "head", "--json"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    // Said once, not as scenarios new in the head run.
+    let said: Vec<&str> = c["regressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert!(
+        said.iter().any(|r| r.starts_with(
+            "2 scenarios that the base run never reached (it stopped before its end) fail in \
+             the head run (the first: "
+        )),
+        "{said:?}"
+    );
+    assert!(
+        said.iter().any(|r| r.starts_with(
+            "2 branches that the base run never reached (it stopped before its end) fail in \
+             the head run (the first: s/c "
+        )),
+        "{said:?}"
+    );
+    assert!(
+        !said
+            .iter()
+            .any(|r| r.contains("new in the head run") || r.contains("not checked in the base")),
+        "{said:?}"
+    );
     assert_eq!(c["base"]["stopped"], true, "{}", c["base"]);
     assert_eq!(c["head"]["stopped"], false, "{}", c["head"]);
     assert!(
