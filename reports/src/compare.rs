@@ -635,6 +635,14 @@ pub fn compare(
         );
         skipped_in_head(&suite, &scenario, &agent, &mut rate);
         unchecked_in_head(&mut rate);
+        // Missing from a head run that stopped before its end: not reached, not removed.
+        if head_incomplete.is_some()
+            && h.is_none()
+            && b.is_some_and(|b| b.repeats.samples > 0)
+            && rate.verdict == Verdict::Removed
+        {
+            rate.verdict = Verdict::NotRun;
+        }
         BranchChange {
             rate,
             suite: String::from(&*suite),

@@ -1246,6 +1246,38 @@ async fn a_stopped_head_run_is_not_said_to_have_fewer_repetitions_that_do_not_fa
     assert!(!text.contains("do not fail the comparison"), "{text}");
 }
 
+/// A branch a stopped head run did not reach was not run: not `removed` from the suites.
+#[tokio::test]
+async fn a_branch_a_stopped_head_run_did_not_reach_is_not_run_not_removed() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "base",
+        "2026-01-01T00:00:00Z",
+        &[
+            sample("first", 0, true, 100.0),
+            sample("second", 0, true, 100.0),
+        ],
+    );
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("first", 0, true, 100.0)],
+    );
+    mark_stopped(&runs.path().join("head")).await;
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let second = c["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["trajectory"] == "second")
+        .unwrap();
+    assert_eq!(second["rate"]["verdict"], "not_run", "{second}");
+}
+
 /// A run stopped before its work was done holds a head run to part of its plan: refused as
 /// `run --baseline` before anything runs (as `runs pin` refuses it), and a regression of
 /// `compare`, whose JSON says the base was stopped.
