@@ -1253,6 +1253,12 @@ fn run_metrics(
         (Some(repetitions(base)), Some(repetitions(head))),
         t,
     );
+    // A run that stopped before its end holds whichever trajectories finished first: its
+    // pass rate is not the plan's (the scenarios' rows judge what both ran).
+    let stopped = [("base", base), ("head", head)]
+        .into_iter()
+        .find(|(_, run)| incomplete(run).is_some())
+        .map(|(which, _)| which);
     let mut metrics = vec![MetricChange {
         metric: "pass_rate".to_owned(),
         base: base.aggregates.pass_rate,
@@ -1260,9 +1266,18 @@ fn run_metrics(
         delta: rate.delta_points.map(|d| d / 100.0),
         threshold: Some(t.max_pass_rate_drop / 100.0),
         p_value: rate.p_value,
-        verdict: rate.verdict,
+        verdict: if stopped.is_some() {
+            Verdict::NotComparable
+        } else {
+            rate.verdict
+        },
         agent: None,
-        why: None,
+        why: stopped.map(|which| {
+            format!(
+                "the {which} run stopped before its end: its pass rate is that of the \
+                 trajectories that happened to finish, not its plan's"
+            )
+        }),
     }];
 
     let mean_latency = |agent: Option<&String>,

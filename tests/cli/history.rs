@@ -1276,6 +1276,20 @@ async fn a_branch_a_stopped_head_run_did_not_reach_is_not_run_not_removed() {
         .find(|b| b["trajectory"] == "second")
         .unwrap();
     assert_eq!(second["rate"]["verdict"], "not_run", "{second}");
+    // The run's pass rate is that of what happened to finish: not compared.
+    let rate = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "pass_rate" && m["agent"].is_null())
+        .unwrap();
+    assert_eq!(rate["verdict"], "not_comparable", "{rate}");
+    assert!(
+        rate["why"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("the head run stopped before its end")),
+        "{rate}"
+    );
 }
 
 /// A run stopped before its work was done holds a head run to part of its plan: refused as
