@@ -340,11 +340,13 @@ pub fn check_reading_env(
                 .detail()
                 .map(str::to_string)
                 .unwrap_or_else(|| err.kind().to_string());
+            // The message says what is wrong: the label says only where, not it again (an
+            // editor shows both, one after the other).
             let label = match err.line() {
                 Some(line) if template.source.contains('\n') => {
-                    format!("{detail} (template line {line})")
+                    format!("this template does not parse (at its line {line})")
                 }
-                _ => detail.clone(),
+                _ => "this template does not parse".to_owned(),
             };
             return vec![
                 Diagnostic::at_span(
