@@ -857,8 +857,17 @@ fn check(args: &PathArgs, json: bool) -> u8 {
             })
         );
     } else {
+        // Valid, but not silent: a warning above is counted here, where the eye lands.
+        let warned = if warnings.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} above",
+                console::count(warnings.len() as u64, "warning", "warnings")
+            )
+        };
         console::outln!(
-            "ok: {}, {}, {}, {}, {}",
+            "ok: {}, {}, {}, {}, {}{warned}",
             console::count(project.files.len() as u64, "file", "files"),
             console::count(project.suites.len() as u64, "suite", "suites"),
             console::count(scenarios as u64, "scenario", "scenarios"),

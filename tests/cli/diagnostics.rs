@@ -2077,4 +2077,12 @@ async fn warnings_are_said_in_the_order_they_are_written() {
         at("s.kdl:6:") < at("s.kdl:7:") && at("s.kdl:7:") < at("s.kdl:9:"),
         "{err}"
     );
+    // The summary line counts them: valid, not silent.
+    assert!(
+        stdout(&o).contains(
+            "ok: 1 file, 1 suite, 2 scenarios, 2 trajectories, 1 agent; 3 warnings above"
+        ),
+        "{}",
+        stdout(&o)
+    );
 }
