@@ -56,6 +56,11 @@ pub struct MergeArgs {
     /// List every missing trajectory run, not only the first few of each shard.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// No progress output, as `trellis run -q`: merge shows none anyway, and takes the flag
+    /// so that a CI script's `-q` on both commands is not an error.
+    #[arg(long, short = 'q')]
+    #[allow(dead_code)]
+    quiet: bool,
     /// Compare the merged run with this run (directory, id, name; without a value the
     /// pinned baseline) and exit by the comparison, as `trellis run --baseline` does: 1 on
     /// a regression past the thresholds, 0 otherwise.

@@ -816,10 +816,11 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
         said(&o)
     );
 
+    // `-q`, as a CI script writes it after `run -q`.
     let merged = trellis()
         .arg("merge")
         .args(&dirs)
-        .arg("--out")
+        .args(["-q", "--out"])
         .arg(tmp.path().join("merged"))
         .output()
         .await
