@@ -415,6 +415,45 @@ async fn compare_gates_on_mean_latency_past_its_threshold() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
+/// An agent's own row with too few turns for the rank test regresses only at twice the
+/// base's: one busy moment of an unchanged agent of two turns (41 → 67 ms, two identical
+/// runs of the example suites) failed the gate beside a run's row that judged every turn.
+#[tokio::test]
+async fn an_agent_of_two_turns_regresses_only_at_twice_its_latency() {
+    let runs = tempfile::tempdir().unwrap();
+    let run = |few_ms: f64| {
+        let mut samples: Vec<Sample> = (0..20)
+            .map(|i| Sample {
+                scenario: "many",
+                ..sample("main", i, true, 100.0 + f64::from(i % 3))
+            })
+            .collect();
+        samples.extend((0..2).map(|i| Sample {
+            agent: "few",
+            scenario: "few",
+            ..sample("main", i, true, few_ms + f64::from(i))
+        }));
+        samples
+    };
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &run(40.0));
+    write_run(runs.path(), "busy", "2026-01-02T00:00:00Z", &run(66.0));
+    write_run(runs.path(), "slow", "2026-01-03T00:00:00Z", &run(100.0));
+    let o = compare(runs.path(), &["base", "busy"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        flat(&stdout(&o)).contains("is not the 2× an agent's row with too few turns to test needs"),
+        "{}",
+        stdout(&o)
+    );
+    let o = compare(runs.path(), &["base", "slow"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("agent few latency_mean_ms"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// `baseline` beside a directory called `baseline` that holds another run, and a name that a
 /// later `--out` gave to another run's directory, are refused, not guessed: the directory
 /// won, and a gate compared with the wrong run, silently. `pinned` and paths are plain.
