@@ -766,6 +766,7 @@ impl Session {
             removed,
             dropped,
             sites: super::sites::Sites::of(&plan, &project),
+            needs_changed: needs_changed(&plan, &whys),
         };
         let outcome = self
             .execute(plan, memo_salts, header, trajectory_whys, first, signals)
@@ -1370,6 +1371,8 @@ struct RunHeader {
     dropped: BTreeMap<String, BTreeSet<u32>>,
     /// Where this rerun's suites write each check, said after each failed one.
     sites: super::sites::Sites,
+    /// For each scenario rerun because of what it `needs`: those of its needs that rerun.
+    needs_changed: HashMap<String, Vec<String>>,
 }
 
 impl RunHeader {
@@ -1399,6 +1402,8 @@ impl RunHeader {
                     let mut branches = branches;
                     branches.sort_unstable();
                     format!("{key} ({}: {})", why.label(), branches.join(", "))
+                } else if let Some(needs) = self.needs_changed.get(key) {
+                    format!("{key} ({}: {})", why.label(), needs.join(", "))
                 } else {
                     format!("{key} ({})", why.label())
                 }
@@ -1887,6 +1892,35 @@ fn rerun_scenarios(
 
 /// Whether a directory that appeared under a watched root holds a suite file, as loading
 /// it would find them.
+/// For each scenario rerun because of what it `needs` ([`Why::Dependency`]), the scenarios
+/// it needs that rerun too (`suite/scenario`): its header line names them.
+fn needs_changed(plan: &Plan, whys: &BTreeMap<String, Why>) -> HashMap<String, Vec<String>> {
+    let key = |i: usize| {
+        plan.scenarios
+            .get(i)
+            .map(|s| format!("{}/{}", s.suite, s.scenario.id.value))
+    };
+    let mut out = HashMap::new();
+    for (i, s) in plan.scenarios.iter().enumerate() {
+        let Some(this) = key(i) else { continue };
+        if whys.get(&this) != Some(&Why::Dependency) {
+            continue;
+        }
+        let mut needs: Vec<String> = s
+            .needs
+            .iter()
+            .filter_map(|&n| key(n))
+            .filter(|k| whys.get(k).is_some_and(|w| *w != Why::Unchanged))
+            .collect();
+        needs.sort_unstable();
+        needs.dedup();
+        if !needs.is_empty() {
+            out.insert(this, needs);
+        }
+    }
+    out
+}
+
 /// A rerun asked for from the keyboard, as its header says it.
 const ASKED: &str = "Enter pressed: every scenario talks to its agent afresh";
 

@@ -1082,7 +1082,7 @@ scenario "alone" {{
     write(&suite, &text("create it now", 5));
     let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
     assert!(
-        lines.contains("rerun suite/after (dependency changed)"),
+        lines.contains("rerun suite/after (dependency changed: suite/setup)"),
         "{lines}"
     );
     assert!(
@@ -1123,7 +1123,7 @@ scenario "alone" {{
     );
     let lines = watch.wait_for("watch: rerun 6 done").await.join("\n");
     assert!(
-        lines.contains("rerun suite/after (dependency changed)"),
+        lines.contains("rerun suite/after (dependency changed: suite/setup)"),
         "{lines}"
     );
     assert_eq!(
