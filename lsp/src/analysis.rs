@@ -195,8 +195,36 @@ pub struct Occurrence {
 /// The namespace of captures, whose ids are their scenario's: `SUITE/SCENARIO/NAME`.
 pub const CAPTURE: &str = "capture";
 
-/// Each `vars.NAME` in a template's text, with where `NAME` starts.
+/// Each `vars.NAME` inside a template's `{{ … }}` and `{% … %}`, with where `NAME` starts
+/// (prose that mentions `vars.x` is not a use).
 fn vars_used(text: &str) -> Vec<(usize, &str)> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(open) = text[from..].find(['{']).map(|at| from + at) {
+        let close = match text.get(open..open + 2) {
+            Some("{{") => "}}",
+            Some("{%") => "%}",
+            _ => {
+                from = open + 1;
+                continue;
+            }
+        };
+        let inner = open + 2;
+        let end = text[inner..]
+            .find(close)
+            .map_or(text.len(), |at| inner + at);
+        found.extend(
+            vars_in(&text[inner..end])
+                .into_iter()
+                .map(|(at, name)| (inner + at, name)),
+        );
+        from = end;
+    }
+    found
+}
+
+/// Each `vars.NAME` in `text`, with where `NAME` starts.
+fn vars_in(text: &str) -> Vec<(usize, &str)> {
     let mut found = Vec::new();
     let mut from = 0;
     while let Some(at) = text[from..].find("vars.") {
@@ -462,6 +490,7 @@ impl FileIndex {
                 }
                 for (at, name) in vars_used(&value.text) {
                     let start = value.content.start + at;
+                    // Inside a string: a new name is written as it is, never quoted.
                     self.refs
                         .entry((CAPTURE.to_owned(), format!("{prefix}{name}")))
                         .or_default()
@@ -469,7 +498,7 @@ impl FileIndex {
                             file: file.clone(),
                             content: start..start + name.len(),
                             node: child.span.clone(),
-                            bare: true,
+                            bare: false,
                         });
                 }
             }

@@ -116,7 +116,8 @@ pub fn show(args: ShowArgs) -> u8 {
             }
         };
         match entry {
-            JournalEntry::Node(n) if selected(&n.suite, &n.scenario) => {
+            // Past the limit only trajectories are counted: their turns are not kept.
+            JournalEntry::Node(n) if shown < args.limit && selected(&n.suite, &n.scenario) => {
                 nodes
                     .entry((n.suite, n.scenario, n.agent, n.repetition, n.node))
                     .or_default()
@@ -142,7 +143,7 @@ pub fn show(args: ShowArgs) -> u8 {
         "trajectories that did not pass"
     };
     match (shown, more) {
-        (0, _) => outln!("no {what} in {}", dir.display()),
+        (0, 0) => outln!("no {what} in {}", dir.display()),
         (_, 0) => {}
         (_, more) => {
             outln!("… and {more} more {what} (--limit N shows more; --filter GLOB picks scenarios)")
@@ -151,10 +152,12 @@ pub fn show(args: ShowArgs) -> u8 {
     EXIT_OK
 }
 
-/// The most recent run directory in `runs_dir`, finished or not.
+/// The most recent run directory in `runs_dir`, finished or not (a damaged run beside it
+/// is passed over).
 fn latest(runs_dir: &Path) -> Option<PathBuf> {
-    trellis_reports::history::list_runs(runs_dir)
+    trellis_reports::history::list_readable_runs(runs_dir)
         .ok()?
+        .0
         .into_iter()
         .next_back()
         .map(|r| r.dir)

@@ -199,7 +199,7 @@ struct Session {
     watcher: RecommendedWatcher,
     changes: mpsc::UnboundedReceiver<Vec<PathBuf>>,
     /// Reruns asked for from the keyboard ([`asks_from_stdin`]).
-    asks: Option<mpsc::UnboundedReceiver<()>>,
+    asks: Option<mpsc::Receiver<()>>,
     /// A person at a terminal can ask for them: each rerun's footer says how.
     keys: bool,
     /// What `trellis check` warns of in the suites as last loaded, rendered, and what was
@@ -463,6 +463,11 @@ impl Session {
         });
         let mut asks = self.asks.take();
         loop {
+            // Standard input ended (Ctrl-D): Enter asks for nothing any more, and the
+            // footers stop saying it does.
+            if asks.is_none() {
+                self.keys = false;
+            }
             let changed = match next.take() {
                 Some(changed) => changed,
                 None => tokio::select! {
@@ -691,12 +696,30 @@ impl Session {
             self.say_warnings();
         }
         let prints = fingerprint::project(&project);
-        let (mut whys, mut first) = self.reasons(&plan, &prints, &|key, sandbox| {
-            // Before the salts change: a mock edit keeps the salt.
-            let Some(&salt) = self.salts.get(key) else {
-                return true;
-            };
-            self.memo.calls_changed_tools(key, salt, sandbox)
+        // Scenarios whose only change may be what a tool answers: which of them called an
+        // edited tool, asked of the memo once. A scenario back from `gone` keeps its turns
+        // under the salt it left with.
+        let now: HashMap<&str, (u64, &trellis_engine::sandbox::SandboxSpec)> = plan
+            .scenarios
+            .iter()
+            .filter_map(|s| {
+                let key = format!("{}/{}", s.suite, s.scenario.id.value);
+                let (now, last) = (prints.get(&key)?, self.previous(&key)?);
+                if now.setup == last.setup || now.salt != last.salt {
+                    return None;
+                }
+                let salt = self
+                    .salts
+                    .get(&key)
+                    .copied()
+                    .or_else(|| self.gone.get(&key).map(|g| g.salt))?;
+                let (key, _) = prints.get_key_value(&key)?;
+                Some((key.as_str(), (salt, &*s.sandbox)))
+            })
+            .collect();
+        let changed_tools = self.memo.calls_changed_tools(&now);
+        let (mut whys, mut first) = self.reasons(&plan, &prints, &|key| {
+            !now.contains_key(key) || changed_tools.contains(key)
         });
         if changed.afresh {
             // The agent itself may have changed, which no file of the suites says: nothing
@@ -835,13 +858,13 @@ impl Session {
     /// Why each planned scenario reruns, compared with the last run; and the plan indices of
     /// those that do (not [`Why::Unchanged`]), which start first: their results are what the
     /// person waits for.
-    /// `calls_changed_tools(key, sandbox)`: whether scenario `key` has a recorded turn that
-    /// called a tool `sandbox` now answers differently (or no recorded turn at all).
+    /// `calls_changed_tools(key)`: whether scenario `key` has a recorded turn that called a
+    /// tool whose answers changed (or no recorded turn at all).
     fn reasons(
         &self,
         plan: &Plan,
         prints: &BTreeMap<String, ScenarioFingerprints>,
-        calls_changed_tools: &dyn Fn(&str, &trellis_engine::sandbox::SandboxSpec) -> bool,
+        calls_changed_tools: &dyn Fn(&str) -> bool,
     ) -> (BTreeMap<String, Why>, Vec<usize>) {
         let keys: Vec<String> = plan
             .scenarios
@@ -868,7 +891,7 @@ impl Session {
                     return Why::BackAfterNeeds;
                 }
                 let mocks = now.setup != last.setup;
-                if mocks && now.salt == last.salt && calls_changed_tools(key, &s.sandbox) {
+                if mocks && now.salt == last.salt && calls_changed_tools(key) {
                     return Why::Mocks;
                 }
                 // What changed besides what tools answer: an edited mock none of its turns
@@ -1220,8 +1243,6 @@ impl Session {
 }
 
 impl Session {
-    /// What a save that cannot run leaves: the last finished rerun's results, or none yet
-    /// (a session that started on a broken suite).
     /// Prints what `trellis check` warns of in the suites, the first few in full.
     fn say_warnings(&mut self) {
         const SHOWN: usize = 5;
@@ -1245,6 +1266,8 @@ impl Session {
         self.warnings_said = self.warnings.clone();
     }
 
+    /// What a save that cannot run leaves: the last finished rerun's results, or none yet
+    /// (a session that started on a broken suite).
     fn kept(&self) -> &'static str {
         if self.last.is_some() {
             "the last results stay"
@@ -1890,8 +1913,6 @@ fn rerun_scenarios(
         .collect()
 }
 
-/// Whether a directory that appeared under a watched root holds a suite file, as loading
-/// it would find them.
 /// For each scenario rerun because of what it `needs` ([`Why::Dependency`]), the scenarios
 /// it needs that rerun too (`suite/scenario`): its header line names them.
 fn needs_changed(plan: &Plan, whys: &BTreeMap<String, Why>) -> HashMap<String, Vec<String>> {
@@ -1910,7 +1931,13 @@ fn needs_changed(plan: &Plan, whys: &BTreeMap<String, Why>) -> HashMap<String, V
             .needs
             .iter()
             .filter_map(|&n| key(n))
-            .filter(|k| whys.get(k).is_some_and(|w| *w != Why::Unchanged))
+            // As the `needs` chain is followed (`reasons`): a need whose checks or `repeat`
+            // alone changed does not make its dependant talk afresh.
+            .filter(|k| {
+                whys.get(k).is_some_and(|w| {
+                    *w >= Why::Dependency || matches!(w, Why::Unreached | Why::Mocks)
+                })
+            })
             .collect();
         needs.sort_unstable();
         needs.dedup();
@@ -1928,20 +1955,23 @@ const ASKED: &str = "Enter pressed: every scenario talks to its agent afresh";
 /// a change to an agent itself, which no file of the suites shows. `None` when standard
 /// input is a terminal this process does not have in the foreground (`trellis watch &`:
 /// reading it would stop the process), and the sender goes away at its end (`< /dev/null`).
-fn asks_from_stdin() -> Option<mpsc::UnboundedReceiver<()>> {
+fn asks_from_stdin() -> Option<mpsc::Receiver<()>> {
     let stdin = std::io::stdin();
     if stdin.is_terminal() && !in_foreground() {
         return None;
     }
-    let (tx, rx) = mpsc::unbounded_channel();
+    // One slot: presses beyond one waiting rerun ask for nothing more (`yes | trellis
+    // watch` holds no queue).
+    let (tx, rx) = mpsc::channel(1);
     let spawned = std::thread::Builder::new()
         .name("trellis-watch-keys".into())
         .spawn(move || {
             use std::io::BufRead as _;
-            let mut line = String::new();
-            while matches!(stdin.lock().read_line(&mut line), Ok(n) if n > 0) {
+            // Bytes, not text: a line that is not UTF-8 is a press too.
+            let mut line = Vec::new();
+            while matches!(stdin.lock().read_until(b'\n', &mut line), Ok(n) if n > 0) {
                 line.clear();
-                if tx.send(()).is_err() {
+                if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
                     break;
                 }
             }
@@ -1957,7 +1987,7 @@ fn in_foreground() -> bool {
 }
 
 /// The next rerun asked for; never, once there are none to come.
-async fn next_ask(asks: &mut Option<mpsc::UnboundedReceiver<()>>) {
+async fn next_ask(asks: &mut Option<mpsc::Receiver<()>>) {
     match asks {
         Some(rx) => match rx.recv().await {
             // Enter pressed again while waiting, or during a rerun: one rerun.
@@ -1971,6 +2001,8 @@ async fn next_ask(asks: &mut Option<mpsc::UnboundedReceiver<()>>) {
     }
 }
 
+/// Whether a directory that appeared under a watched root holds a suite file, as loading
+/// it would find them.
 fn holds_suite_files(dir: &Path) -> bool {
     !trellis_dsl::parse::suite_files(dir).0.is_empty()
 }

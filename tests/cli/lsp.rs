@@ -1548,6 +1548,7 @@ scenario "a" {
     capture "quote" regex=#"\$(\d+)"#
     user "Is {{ vars.quote }} final? {{vars.quote}}"
     expect reply contains="{{ vars.quote }}"
+    user "prose that says vars.quote is no use of it"
 }
 scenario "b" {
     user "hi"
@@ -1570,7 +1571,9 @@ scenario "c" {
         {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "the-price"},
         {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "quote"},
         // Scenario c reads it in a string with escapes, which rename cannot edit.
-        {"do": "rename", "file": "t.kdl", "line": 14, "character": 14, "to": "price"},
+        {"do": "rename", "file": "t.kdl", "line": 15, "character": 14, "to": "price"},
+        // A name KDL would quote bare is written as it is inside the strings.
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "null"},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(
@@ -1603,8 +1606,14 @@ scenario "c" {
     assert!(
         out[7]["refused"]
             .as_str()
-            .is_some_and(|r| r.contains("string written with escapes") && r.contains(":16)")),
+            .is_some_and(|r| r.contains("string written with escapes") && r.contains(":17)")),
         "{}",
         out[7]
+    );
+    assert_eq!(
+        out[8]["texts"]["t.kdl"],
+        serde_json::json!(["null", "null", "null", "null"]),
+        "{}",
+        out[8]
     );
 }

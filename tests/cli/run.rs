@@ -1547,6 +1547,19 @@ async fn show_prints_the_transcripts_of_what_did_not_pass() {
     assert!(out.contains("PASSED s/greets · main [c #0]"), "{out}");
     assert!(!out.contains("s/wrong"), "{out}");
 
+    // `--limit 0` counts what it does not show.
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "--limit", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        stdout(&o).contains("… and 1 more trajectories that did not pass"),
+        "{}",
+        stdout(&o)
+    );
+
     let o = trellis()
         .current_dir(dir.path())
         .args(["show", "no-such-run"])

@@ -140,20 +140,44 @@ impl TurnMemo {
         self.lock().counts.values().map(|c| c.called).sum()
     }
 
-    /// Whether scenario `scenario` (`suite/scenario`) has a turn kept under `salt` that
-    /// called a tool `sandbox` now defines differently, or no turn kept at all: whether a
-    /// rerun of it after an edit to what tools answer could call its agent.
-    pub fn calls_changed_tools(&self, scenario: &str, salt: u64, sandbox: &SandboxSpec) -> bool {
-        let state = self.lock();
-        let mut kept = state
-            .turns
-            .values()
-            .filter(|k| &*k.scenario == scenario && k.salt == Some(salt))
-            .peekable();
-        if kept.peek().is_none() {
-            return true;
+    /// Of the scenarios of `now` (`suite/scenario` → the salt its turns are kept under and
+    /// its sandbox as defined now), those a rerun after an edit to what tools answer could
+    /// call the agent for: with a kept turn that called a tool the sandbox now defines
+    /// differently, or with no turn kept at all. One pass over the kept turns, whatever the
+    /// number of scenarios (a dataset's thousands after an edit of a shared tool's mock).
+    pub fn calls_changed_tools(&self, now: &HashMap<&str, (u64, &SandboxSpec)>) -> HashSet<String> {
+        let kept: Vec<(Arc<str>, Arc<Turn>, u64)> = {
+            let state = self.lock();
+            state
+                .turns
+                .values()
+                .filter(|k| {
+                    now.get(&*k.scenario)
+                        .is_some_and(|(salt, _)| k.salt == Some(*salt))
+                })
+                .map(|k| (k.scenario.clone(), k.turn.clone(), k.tools))
+                .collect()
+        };
+        // The tools' definitions are printed for their digests outside the lock.
+        let mut with_turns: HashSet<&str> = HashSet::new();
+        let mut changed: HashSet<String> = HashSet::new();
+        for (scenario, turn, tools) in &kept {
+            with_turns.insert(scenario);
+            if changed.contains(&**scenario) || turn.tool_calls.is_empty() {
+                continue;
+            }
+            if let Some((_, sandbox)) = now.get(&**scenario)
+                && *tools != tools_digest(turn, sandbox)
+            {
+                changed.insert(scenario.to_string());
+            }
         }
-        kept.any(|k| k.tools != tools_digest(&k.turn, sandbox))
+        changed.extend(
+            now.keys()
+                .filter(|s| !with_turns.contains(*s))
+                .map(|s| (*s).to_owned()),
+        );
+        changed
     }
 
     /// How many turns are kept.
@@ -207,15 +231,19 @@ impl TurnMemo {
         name: &str,
         sandbox: &SandboxSpec,
     ) -> Option<Arc<Turn>> {
-        let mut state = self.lock();
-        let turn = match state.turns.get(&(unit, prefix)) {
-            Some(kept)
-                if kept.run < state.run && kept.tools == tools_digest(&kept.turn, sandbox) =>
-            {
-                kept.turn.clone()
+        let (turn, tools) = {
+            let state = self.lock();
+            match state.turns.get(&(unit, prefix)) {
+                Some(kept) if kept.run < state.run => (kept.turn.clone(), kept.tools),
+                _ => return None,
             }
-            _ => return None,
         };
+        // Outside the lock, which every unit of the run takes: a digest prints the
+        // definitions of the tools the turn called.
+        if tools != tools_digest(&turn, sandbox) {
+            return None;
+        }
+        let mut state = self.lock();
         state.touched.insert((unit, prefix));
         state.counts.entry(name.to_owned()).or_default().reused += 1;
         Some(turn)
