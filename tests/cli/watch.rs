@@ -139,13 +139,18 @@ impl Watch {
 
     /// Presses Enter, as a person at watch's terminal does.
     async fn press_enter(&mut self) {
+        self.type_line(b"\n").await;
+    }
+
+    /// Writes `line` to watch's standard input.
+    async fn type_line(&mut self, line: &[u8]) {
         use tokio::io::AsyncWriteExt as _;
         let stdin = self
             .child
             .stdin
             .as_mut()
             .expect("started with a piped stdin");
-        stdin.write_all(b"\n").await.unwrap();
+        stdin.write_all(line).await.unwrap();
         stdin.flush().await.unwrap();
     }
 }
@@ -2270,6 +2275,15 @@ async fn enter_reruns_every_scenario_afresh() {
     assert!(lines.contains("3 agent calls"), "{lines}");
     assert_eq!(agent.requests(), 6, "{}", watch.all());
 
+    // A line that is not UTF-8 (a stray key's bytes) asks for a rerun too, and the reader
+    // goes on.
+    watch.type_line(b"\xff\xfe\n").await;
+    watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(agent.requests(), 9, "{}", watch.all());
+    watch.press_enter().await;
+    watch.wait_for("watch: rerun 4 done").await;
+    assert_eq!(agent.requests(), 12, "{}", watch.all());
+
     // Then a save reuses what that rerun recorded, as after any other.
     write(
         &dir.path().join("suite.kdl"),
@@ -2277,8 +2291,34 @@ async fn enter_reruns_every_scenario_afresh() {
             .unwrap()
             .replace("\"three\"", "\"four\""),
     );
-    watch.wait_for("watch: rerun 3 done").await;
-    assert_eq!(agent.requests(), 7, "{}", watch.all());
+    watch.wait_for("watch: rerun 5 done").await;
+    assert_eq!(agent.requests(), 13, "{}", watch.all());
+}
+
+/// `dependency changed: …` names the needs that make a dependant talk afresh: not one
+/// whose checks alone changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dependency_changed_names_only_the_needs_that_talked_afresh() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = |a_max: u32, b_says: &str| {
+        format!(
+            "agent \"x\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"a\" {{\n    user \"one\"\n    criteria {{\n        turns max={a_max}\n    }}\n}}\n\
+             scenario \"b\" {{\n    user \"{b_says}\"\n    expect no-error\n}}\n\
+             scenario \"d\" {{\n    needs \"a\" \"b\"\n    user \"then\"\n    expect no-error\n}}\n",
+            agent.url()
+        )
+    };
+    write(&dir.path().join("suite.kdl"), &suite(5, "two"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    write(&dir.path().join("suite.kdl"), &suite(4, "three"));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/d (dependency changed: suite/b)"),
+        "{lines}"
+    );
 }
 
 /// What `trellis check` warns of is shown by watch too, when it changes: a typo that
