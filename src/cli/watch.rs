@@ -1114,6 +1114,7 @@ impl Session {
             summary: None,
             recorded: RunSummary::default(),
             reused_roles: Default::default(),
+            talked_in: HashSet::new(),
         };
         let reporter = std::thread::Builder::new()
             .name("trellis-watch-reporter".into())
@@ -1601,7 +1602,8 @@ struct View {
 
 impl View {
     /// Shows `t` if it reran or its result changed; returns whether it did.
-    fn on_trajectory(&mut self, t: &TrajectoryRecord) -> bool {
+    /// `talked`: the trajectory called an agent in this rerun (none of its turns reused).
+    fn on_trajectory(&mut self, t: &TrajectoryRecord, talked: bool) -> bool {
         let scenario = format!("{}/{}", t.suite, t.scenario);
         // Continuations of agent-initiated forks carry `~label` suffixes.
         let base = t.trajectory.split('~').next().unwrap_or(&t.trajectory);
@@ -1622,6 +1624,12 @@ impl View {
             .insert(key.clone(), Standing::of(t, &self.header.sites));
         if why == Why::Unchanged && before == Some(t.status) {
             return false;
+        }
+        // A trajectory of a scenario rerun for an edited mock that called no agent (none of
+        // its turns called the tool) is recorded, as the rerun planned it, but not shown: on
+        // the screen it is as unchanged as one of an unchanged scenario.
+        if why == Why::Mocks && !talked && before == Some(t.status) {
+            return true;
         }
         self.shown.insert(key);
         // Any result shown is the rerun's first result: a repetition `repeat` added is
@@ -1713,6 +1721,9 @@ struct Recorder {
     /// simulated user's): made by earlier reruns, so not in this one's meter, but part of
     /// the whole state `latest/` holds.
     reused_roles: std::collections::BTreeMap<String, trellis_engine::record::LlmUsage>,
+    /// The execution nodes in which this rerun called an agent (suite, scenario, agent,
+    /// repetition, node).
+    talked_in: HashSet<(String, String, String, u32, String)>,
 }
 
 struct Recorded {
@@ -1795,6 +1806,13 @@ impl Recorder {
                 Event::Node(node) => {
                     let called: Vec<_> = node.turns.iter().filter(|t| !t.reused).cloned().collect();
                     if !called.is_empty() {
+                        self.talked_in.insert((
+                            node.suite.clone(),
+                            node.scenario.clone(),
+                            node.agent.clone(),
+                            node.repetition,
+                            node.node.clone(),
+                        ));
                         self.recorded.turns += called.len() as u64;
                         let mut node = node.clone();
                         node.turns = called;
@@ -1802,7 +1820,16 @@ impl Recorder {
                     }
                 }
                 Event::Trajectory(t) => {
-                    if self.view.on_trajectory(t) {
+                    let talked = t.nodes.iter().any(|n| {
+                        self.talked_in.contains(&(
+                            t.suite.clone(),
+                            t.scenario.clone(),
+                            t.agent.clone(),
+                            t.repetition,
+                            n.clone(),
+                        ))
+                    });
+                    if self.view.on_trajectory(t, talked) {
                         let r = &mut self.recorded;
                         r.trajectories += 1;
                         match t.status {

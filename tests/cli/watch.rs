@@ -2193,7 +2193,8 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
              tool \"weather\" {{\n    mock returns=#\"{{\"sky\": \"{weather}\"}}\"#\n}}\n\
              scenario \"calls\" {{\n    agent \"caller\"\n    user \"find it\"\n    user \"and again\"\n    expect no-error\n}}\n\
              scenario \"talks\" {{\n    agent \"other\"\n    user \"hello\"\n    expect no-error\n}}\n\
-             scenario \"after\" {{\n    agent \"other\"\n    needs \"talks\"\n    user \"then\"\n    expect no-error\n}}\n",
+             scenario \"after\" {{\n    agent \"other\"\n    needs \"talks\"\n    user \"then\"\n    expect no-error\n}}\n\
+             scenario \"both\" {{\n    agents \"caller\" \"other\"\n    user \"either\"\n    expect no-error\n}}\n",
             caller.url(),
             other.url()
         )
@@ -2201,7 +2202,7 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
     write(&dir.path().join("suite.kdl"), &suite("found", "clear"));
     let mut watch = Watch::start(dir.path(), &[]);
     watch.wait_for("watch: rerun 1 done").await;
-    assert_eq!((caller.requests(), other.requests()), (2, 2));
+    assert_eq!((caller.requests(), other.requests()), (3, 3));
 
     // A tool no turn called: nothing reruns (the next rerun is the one below).
     write(&dir.path().join("suite.kdl"), &suite("found", "rain"));
@@ -2218,9 +2219,13 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
         !lines.contains("suite/talks") && !lines.contains("suite/after"),
         "{lines}"
     );
+    // Of a scenario run against both agents, the agent that called no tool made no call
+    // and is not shown.
+    assert!(lines.contains("suite/both · main [caller #0]"), "{lines}");
+    assert!(!lines.contains("suite/both · main [other #0]"), "{lines}");
     assert_eq!(
         (caller.requests(), other.requests()),
-        (4, 2),
+        (6, 3),
         "{}",
         watch.all()
     );
@@ -2237,7 +2242,7 @@ async fn an_edited_mock_reruns_only_the_turns_that_called_its_tool() {
     assert!(lines.contains("setup changed"), "{lines}");
     assert_eq!(
         (caller.requests(), other.requests()),
-        (6, 4),
+        (9, 6),
         "{}",
         watch.all()
     );
