@@ -339,6 +339,11 @@ pub struct RunArgs {
     /// JOBS is lowered to what fits (it is said).
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
+    /// Run every selected scenario N times, whatever its `repeat` says: a flakiness run of
+    /// the same suites (pass@k and pass^k are over these). Give it again to --resume such a
+    /// run.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    repeat: Option<u32>,
     /// No progress output; only the summary.
     #[arg(long, short = 'q')]
     quiet: bool,

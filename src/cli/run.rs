@@ -117,6 +117,12 @@ pub fn run(args: RunArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
+    // `--repeat N` in place of each scenario's own `repeat`: repetitions are the plan's.
+    if let Some(n) = args.repeat {
+        for scenario in &mut plan.scenarios {
+            scenario.repeat = n;
+        }
+    }
     // What each trajectory means goes into the journal, for `--resume` to compare.
     trellis_engine::fingerprint::stamp(&project, &mut plan);
     let json = args.message_format == MessageFormat::Json;

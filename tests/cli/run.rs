@@ -1568,3 +1568,44 @@ async fn show_prints_the_transcripts_of_what_did_not_pass() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// `--repeat N` runs every selected scenario N times, whatever its `repeat` says.
+#[tokio::test]
+async fn repeat_runs_every_scenario_that_many_times() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"once\" {\n    user \"hi\"\n    expect no-error\n}\n\
+         scenario \"twice\" {\n    repeat 2\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .args(["--repeat", "3", "-q", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let trajectories = journal_trajectories(&out);
+    for scenario in ["once", "twice"] {
+        let mut repetitions: Vec<u64> = trajectories
+            .iter()
+            .filter(|t| t["scenario"] == scenario)
+            .filter_map(|t| t["repetition"].as_u64())
+            .collect();
+        repetitions.sort_unstable();
+        assert_eq!(repetitions, [0, 1, 2], "{scenario}");
+    }
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .args(["--repeat", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
