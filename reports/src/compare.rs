@@ -352,6 +352,20 @@ pub fn checked_nothing(run: &RunStats) -> Option<String> {
     }
 }
 
+/// The one regression line for what a stopped base never reached and fails in the head
+/// (`failing`, named `one`/`many`), if any.
+fn unreached_and_failing(failing: &[String], one: &str, many: &str) -> Option<String> {
+    let first = failing.first()?;
+    let (what, fail) = match failing.len() {
+        1 => (format!("1 {one}"), "fails"),
+        n => (format!("{n} {many}"), "fail"),
+    };
+    Some(format!(
+        "{what} that the base run never reached (it stopped before its end) {fail} in the head \
+         run (the first: {first}): compared with nothing"
+    ))
+}
+
 /// Compares `head` against `base`; `latencies`, when both runs' are known, tests a latency
 /// increase (see the module documentation).
 pub fn compare(
@@ -591,16 +605,11 @@ pub fn compare(
             ));
         }
     }
-    if let Some(first) = unreached_failing.first() {
-        let (what, fail) = match unreached_failing.len() {
-            1 => ("1 scenario".to_owned(), "fails"),
-            n => (format!("{n} scenarios"), "fail"),
-        };
-        regressions.push(format!(
-            "{what} that the base run never reached (it stopped before its end) {fail} in the \
-             head run (the first: {first}): compared with nothing"
-        ));
-    }
+    regressions.extend(unreached_and_failing(
+        &unreached_failing,
+        "scenario",
+        "scenarios",
+    ));
 
     let branches: Vec<BranchChange> = pair(
         base.branches.iter().map(|b| {
@@ -719,16 +728,11 @@ pub fn compare(
             ));
         }
     }
-    if let Some(first) = unreached_failing_branches.first() {
-        let (what, fail) = match unreached_failing_branches.len() {
-            1 => ("1 branch".to_owned(), "fails"),
-            n => (format!("{n} branches"), "fail"),
-        };
-        regressions.push(format!(
-            "{what} that the base run never reached (it stopped before its end) {fail} in the \
-             head run (the first: {first}): compared with nothing"
-        ));
-    }
+    regressions.extend(unreached_and_failing(
+        &unreached_failing_branches,
+        "branch",
+        "branches",
+    ));
 
     let criteria: Vec<CriterionChange> = unreached_on_their_turns(pair(
         base.criteria.iter().map(|c| (criterion_key(c), c)),

@@ -409,7 +409,7 @@ fn path_text<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error>
 }
 
 /// One run of a runs directory, as `trellis runs` lists it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RunEntry {
     /// As text in `--json` (a directory name that is not UTF-8 lossily, rather than
     /// failing the whole list).
@@ -1320,20 +1320,9 @@ mod tests {
         let entry = |dir: &str, finished: bool, stopped: bool| RunEntry {
             dir: dir.into(),
             run_id: "20261206T044453.101Z-ee4f".into(),
-            name: None,
-            baseline: false,
-            started_at: None,
-            duration_ms: None,
-            trajectories: None,
-            passed: None,
-            failed: None,
-            errors: None,
-            skipped: None,
-            invalid: None,
             finished,
             stopped,
-            labels: Default::default(),
-            meta: None,
+            ..RunEntry::default()
         };
         let kept = once_per_run(vec![
             entry("/nowhere/runs/a-copy", true, true),

@@ -260,20 +260,14 @@ fn print_turn(turn: &TurnRecord) {
     }
 }
 
-/// `text` on one line, control characters escaped (an agent's answer may hold terminal
-/// escapes), at most [`TEXT_SHOWN`] characters of it.
+/// `text` on one line (newlines shown as `⏎`), made safe to print as any agent's text is
+/// ([`super::console::untrusted`]), at most [`TEXT_SHOWN`] characters of it.
 fn shown(text: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i == TEXT_SHOWN {
-            out.push_str("… (cut; the whole is in turns.parquet)");
-            break;
-        }
-        match c {
-            '\n' => out.push_str("⏎ "),
-            c if c.is_control() => out.extend(c.escape_default()),
-            c => out.push(c),
-        }
+    let cut = text.char_indices().nth(TEXT_SHOWN).map(|(at, _)| at);
+    let head = &text[..cut.unwrap_or(text.len())];
+    let mut out = super::console::untrusted(&head.replace('\n', "⏎ ")).into_owned();
+    if cut.is_some() {
+        out.push_str("… (cut; the whole is in turns.parquet)");
     }
     out
 }

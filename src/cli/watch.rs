@@ -154,6 +154,12 @@ enum Why {
 }
 
 impl Why {
+    /// Whether a scenario rerun for this reason makes what `needs` it talk afresh: its
+    /// agent may have been asked anew (not only its checks or `repeat` changed).
+    fn moves_dependants(self) -> bool {
+        self >= Why::Dependency || matches!(self, Why::Unreached | Why::Mocks)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Why::Unchanged => "unchanged",
@@ -927,9 +933,7 @@ impl Session {
             // One whose agent is asked again may pass now: what needs it (skipped for it)
             // runs again too.
             let mut afresh: Vec<usize> = (0..whys.len())
-                .filter(|&i| {
-                    whys[i] >= Why::Dependency || matches!(whys[i], Why::Unreached | Why::Mocks)
-                })
+                .filter(|&i| whys[i].moves_dependants())
                 .collect();
             while let Some(i) = afresh.pop() {
                 for &dependent in &dependents[i] {
@@ -1960,11 +1964,7 @@ fn needs_changed(plan: &Plan, whys: &BTreeMap<String, Why>) -> HashMap<String, V
             .filter_map(|&n| key(n))
             // As the `needs` chain is followed (`reasons`): a need whose checks or `repeat`
             // alone changed does not make its dependant talk afresh.
-            .filter(|k| {
-                whys.get(k).is_some_and(|w| {
-                    *w >= Why::Dependency || matches!(w, Why::Unreached | Why::Mocks)
-                })
-            })
+            .filter(|k| whys.get(k).is_some_and(|w| w.moves_dependants()))
             .collect();
         needs.sort_unstable();
         needs.dedup();
