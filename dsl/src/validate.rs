@@ -278,6 +278,123 @@ fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnosti
     along(&sc.steps, HashMap::new(), &mut said, files, out);
 }
 
+/// Warns of two checks at one place (the `expect`s of one turn, or the trajectory's own
+/// checks) that contradict each other: `tool X` (or `tools-in-order … X …`) beside `no-tool
+/// X` or a bare `no-tool`, and `reply contains="s"` beside `not-contains="s"` (in one node
+/// or two). Whatever the agent does, one of them fails, so the scenario can never pass.
+fn contradictory_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    /// The tools `c` needs called.
+    fn calls(c: &Criterion) -> Vec<&str> {
+        match &c.kind {
+            CriterionKind::Tool { name, count, .. } if count.is_none_or(|n| n > 0) => {
+                vec![name.as_str()]
+            }
+            CriterionKind::ToolsInOrder(names) => names.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        }
+    }
+    /// The reply texts `c` needs said (`true`) or never said (`false`); a template's text is
+    /// known only at run time.
+    fn texts(c: &Criterion) -> Vec<(&str, bool)> {
+        let CriterionKind::Reply(checks) = &c.kind else {
+            return Vec::new();
+        };
+        checks
+            .iter()
+            .filter_map(|check| match check {
+                ReplyCheck::Contains(s) => Some((s.as_str(), true)),
+                ReplyCheck::NotContains(s) => Some((s.as_str(), false)),
+                _ => None,
+            })
+            .filter(|(s, _)| !s.contains("{{") && !s.contains("{%"))
+            .collect()
+    }
+    /// Why `a` and `b` (the same criterion, or `a` written first) can never both pass.
+    fn conflict(a: &Criterion, b: &Criterion) -> Option<String> {
+        for (x, y) in [(a, b), (b, a)] {
+            if let CriterionKind::NoTool { name } = &y.kind {
+                let needed = calls(x);
+                let hit = match name {
+                    Some(name) => needed.iter().find(|n| **n == name.as_str()),
+                    None => needed.first(),
+                };
+                if let Some(tool) = hit {
+                    return Some(format!(
+                        "`{}` needs a call to `{tool}` that `{}` forbids",
+                        x.text, y.text
+                    ));
+                }
+            }
+        }
+        let (ta, tb) = (texts(a), texts(b));
+        for (s, says) in &ta {
+            if tb.iter().any(|(t, other)| t == s && other != says) {
+                return Some(format!(
+                    "the reply must contain {s:?} and must not contain it"
+                ));
+            }
+        }
+        None
+    }
+    fn group(checks: &[&Criterion], files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+        for (i, later) in checks.iter().enumerate() {
+            for earlier in &checks[..=i] {
+                let same = std::ptr::eq(*earlier, *later);
+                let Some(why) = conflict(earlier, later) else {
+                    continue;
+                };
+                let mut d = Diagnostic::at_span(
+                    Kind::NeverPasses,
+                    format!("`{}` can never pass here: {why}", later.text),
+                    files,
+                    later.span,
+                    "fails whatever the agent does",
+                )
+                .with_help(
+                    "checks at one place (the `expect`s of a turn, or a trajectory's \
+                     `criteria`) must all hold together: remove one, or check them on \
+                     different turns",
+                );
+                if !same {
+                    d = d.with_related(Diagnostic::at_span(
+                        Kind::Note,
+                        "contradicted by this check".to_owned(),
+                        files,
+                        earlier.span,
+                        "written here",
+                    ));
+                }
+                out.push(d);
+                break;
+            }
+        }
+    }
+    fn walk(steps: &[Step], files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+        let mut turn: Vec<&Criterion> = Vec::new();
+        for step in steps {
+            match &step.kind {
+                StepKind::Expect(list) => turn.extend(list),
+                StepKind::Capture { .. } => {}
+                StepKind::Fork(branches) => {
+                    group(&turn, files, out);
+                    turn.clear();
+                    for b in branches {
+                        walk(&b.steps, files, out);
+                    }
+                }
+                _ => {
+                    group(&turn, files, out);
+                    turn.clear();
+                }
+            }
+        }
+        group(&turn, files, out);
+    }
+    let whole: Vec<&Criterion> = sc.criteria.iter().chain(&sc.expect_tools).collect();
+    group(&whole, files, out);
+    walk(&sc.steps, files, out);
+}
+
 /// A `turns max=N` check below the agent turns its path has already scripted when it is
 /// checked (an `expect` after the steps before it; a trajectory's `criteria` after all of
 /// its path's steps): it fails whatever the agent does. Only scripted turns (`user`, `call`,
@@ -595,6 +712,7 @@ pub fn warnings(project: &Project, env: impl Fn(&str) -> Option<String>) -> Vec<
             duplicate_checks(sc, files, &mut out);
             scripted_past_max_turns(sc, files, &mut out);
             turns_checks_never_passing(sc, files, &mut out);
+            contradictory_checks(sc, files, &mut out);
             lone_branches(&sc.steps, files, &mut out);
             if let Some(resolver) = &resolver {
                 needs_of_inactive(project, resolver, suite, sc, &mut out);

@@ -2047,6 +2047,90 @@ scenario "s" {
     );
 }
 
+/// Two checks at one place that contradict each other (`tool X` beside `no-tool X` or a
+/// bare `no-tool`, `contains` beside `not-contains` of the same text) fail whatever the
+/// agent does: `check` warns at the later one and points at the other; checks that only
+/// look alike (other turns, other branches, `count=0`, templates) are not warned of.
+#[tokio::test]
+async fn contradictory_checks_at_one_place_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "a" protocol="connexity" builtin="booking"
+scenario "contradictions" {
+    user "hi"
+    expect tool "search" q="a"
+    expect no-tool "search"
+    user "again"
+    expect reply contains="ok" not-contains="ok"
+    user "third"
+    expect tools-in-order "a" "b"
+    expect no-tool
+    criteria {
+        reply contains="zz"
+        reply not-contains="zz"
+    }
+}
+scenario "compatible" {
+    user-context { word "ok" }
+    user "hi"
+    expect tool "search"
+    user "again"
+    expect no-tool "search"
+    expect tool "lookup"
+    expect reply contains="Ok" not-contains="ok!"
+    branch "one" {
+        user "yes"
+        expect tool "book"
+    }
+    branch "two" {
+        user "no"
+        expect no-tool "book"
+    }
+    criteria {
+        tool "lookup" count=0
+        no-tool "lookup"
+        reply contains="{{ user_context.word }}"
+        reply not-contains="{{ user_context.word }}"
+    }
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("trellis::never_passes").count(), 4, "{said}");
+    for (line, text) in [
+        (
+            5,
+            "`no-tool \"search\"` can never pass here: `tool \"search\" q=\"a\"` needs a call to `search` that `no-tool \"search\"` forbids",
+        ),
+        (7, "the reply must contain \"ok\" and must not contain it"),
+        (
+            10,
+            "`no-tool` can never pass here: `tools-in-order \"a\" \"b\"` needs a call to `a`",
+        ),
+        (13, "`reply not-contains=\"zz\"` can never pass here"),
+    ] {
+        assert!(
+            said.contains(&format!("s.kdl:{line}:")),
+            "line {line}: {said}"
+        );
+        assert!(said.contains(text), "{text}: {said}");
+    }
+    // The other check of each pair is pointed at.
+    assert!(said.contains("s.kdl:4:12"), "{said}");
+    assert!(said.contains("contradicted by this check"), "{said}");
+    for line in 17..=42 {
+        assert!(
+            !said.contains(&format!("s.kdl:{line}:")),
+            "line {line}: {said}"
+        );
+    }
+}
+
 /// Warnings come in the order they are written, whatever check found them.
 #[tokio::test]
 async fn warnings_are_said_in_the_order_they_are_written() {
