@@ -38,12 +38,18 @@ enum Edge {
     End,
 }
 
+use crate::transport::quote::replace_percent_spelled;
 pub use crate::transport::quote::{MIN_SECRET_LEN, secret_spellings as spellings};
 
 /// The secret values of a run, longest first (so a secret that contains another is
 /// replaced whole).
 #[derive(Clone, Debug, Default)]
-pub struct Secrets(Arc<[String]>);
+pub struct Secrets {
+    /// Every spelling of every secret, longest first.
+    spellings: Arc<[String]>,
+    /// The secrets as they are, for the spellings no list holds (percent-encoded in part).
+    values: Arc<[String]>,
+}
 
 impl Secrets {
     /// The values of the environment variables the plan's agent headers read or its agents
@@ -77,25 +83,37 @@ impl Secrets {
         let mut values: Vec<String> = values
             .into_iter()
             .filter(|v| v.trim().chars().count() >= MIN_SECRET_LEN)
-            .flat_map(|v| spellings(&v))
             .collect();
-        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        let longest_first = |a: &String, b: &String| b.len().cmp(&a.len()).then_with(|| a.cmp(b));
+        values.sort_by(longest_first);
         values.dedup();
-        Secrets(values.into())
+        let mut all: Vec<String> = values.iter().flat_map(|v| spellings(v)).collect();
+        all.sort_by(longest_first);
+        all.dedup();
+        Secrets {
+            spellings: all.into(),
+            values: values.into(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.spellings.is_empty()
     }
 
     /// `text` with every secret replaced by [`REDACTED`], and the part of a secret cut at a
     /// quote's edge too; `None` when it holds none.
     pub fn redact(&self, text: &str) -> Option<String> {
         let mut out: Option<String> = None;
-        for secret in self.0.iter() {
+        for secret in self.spellings.iter() {
             let current = out.as_deref().unwrap_or(text);
             if current.contains(secret.as_str()) {
                 out = Some(current.replace(secret.as_str(), REDACTED));
+            }
+        }
+        for secret in self.values.iter() {
+            let current = out.as_deref().unwrap_or(text);
+            if let Some(redacted) = replace_percent_spelled(current, secret, REDACTED) {
+                out = Some(redacted);
             }
         }
         let current = out.as_deref().unwrap_or(text);
@@ -148,7 +166,7 @@ impl Secrets {
     /// ([`Edge::Start`]), or proper end of a secret it starts with ([`Edge::End`]), of at
     /// least [`MIN_CUT_PART_CHARS`] characters.
     fn longest_edge(&self, text: &str, edge: Edge) -> Option<usize> {
-        self.0
+        self.spellings
             .iter()
             .filter_map(|secret| {
                 let chars = secret.chars().count();

@@ -90,19 +90,22 @@ async fn run(suite: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
 
 /// A provider's key a model echoes in a successful answer is redacted in every record, as
 /// in an error body: the reply of a model under test reached through the provider, a judge's
-/// justification, in the key's own spelling and JSON-escaped (`\/` for `/`), in the
+/// justification, in the key's own spelling, JSON-escaped (`\/` for `/`) and percent-encoded
+/// in part, in the
 /// journal, the tables, the report, JUnit and the response cache.
 #[tokio::test]
 async fn a_provider_key_echoed_in_an_answer_is_redacted_in_every_record() {
     const SLASHED: &str = "sk-ab/cd+ef==XYZ9-echoed";
     let escaped = SLASHED.replace('/', "\\/");
+    // Percent-encoded in part, as a hand-written encoder that knew only `/` writes it.
+    let partly = SLASHED.replace('/', "%2F");
     let fake = FakeLlm::start(vec![
         Rule {
             system: Some("AGENT-UNDER-TEST".into()),
             ..Rule::otherwise([Reply::text(format!("your key is {SLASHED}"))])
         },
         Rule::otherwise([Reply::text(format!(
-            r#"{{"score": 0.9, "justification": "raw {SLASHED} escaped {escaped}"}}"#
+            r#"{{"score": 0.9, "justification": "raw {SLASHED} escaped {escaped} pct {partly}"}}"#
         ))]),
     ])
     .await;
@@ -161,7 +164,7 @@ scenario "echo" {{
     let journal = &files[0].1;
     assert!(journal.contains("your key is [redacted]"), "{journal}");
     assert!(
-        journal.contains("raw [redacted] escaped [redacted]"),
+        journal.contains("raw [redacted] escaped [redacted] pct [redacted]"),
         "{journal}"
     );
     let df = read_parquet(&out.join("turns.parquet"));

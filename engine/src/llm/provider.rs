@@ -100,7 +100,10 @@ impl Secret {
                 out = out.replace(spelling.as_str(), "[redacted]");
             }
         }
-        out
+        match crate::transport::quote::replace_percent_spelled(&out, &self.0, "[redacted]") {
+            Some(redacted) => redacted,
+            None => out,
+        }
     }
 }
 

@@ -136,6 +136,58 @@ pub fn secret_spellings(secret: &str) -> Vec<String> {
     out
 }
 
+/// `text` with every occurrence of `secret` written with any of its bytes percent-encoded
+/// (in either case of hex digits) replaced by `with`; `None` when there is none. Encoders
+/// differ in what they leave as it is (`encodeURIComponent` keeps `!*'()`, Python's `quote`
+/// a `/`, a hand-written one only the `/` it knew to escape), so no list of spellings
+/// covers them: a key echoed as `sk-SECRET%2Fabc+def` got through every one of them.
+pub fn replace_percent_spelled(text: &str, secret: &str, with: &str) -> Option<String> {
+    let (bytes, wanted) = (text.as_bytes(), secret.as_bytes());
+    if wanted.is_empty() || !text.contains('%') {
+        return None;
+    }
+    let hex = |b: u8| (b as char).to_digit(16);
+    // The end of a spelling of `secret` that starts at `start`, if one does.
+    let spelled_at = |start: usize| {
+        let mut at = start;
+        for &want in wanted {
+            match bytes.get(at) {
+                Some(&b) if b == want => at += 1,
+                Some(b'%') => {
+                    let high = bytes.get(at + 1).copied().and_then(hex)?;
+                    let low = bytes.get(at + 2).copied().and_then(hex)?;
+                    if high * 16 + low != u32::from(want) {
+                        return None;
+                    }
+                    at += 3;
+                }
+                _ => return None,
+            }
+        }
+        Some(at)
+    };
+    let mut out = String::new();
+    let (mut copied, mut at) = (0, 0);
+    while at < bytes.len() {
+        if let Some(end) = spelled_at(at)
+            && text.is_char_boundary(at)
+            && text.is_char_boundary(end)
+        {
+            out.push_str(&text[copied..at]);
+            out.push_str(with);
+            copied = end;
+            at = end;
+        } else {
+            at += 1;
+        }
+    }
+    if copied == 0 {
+        return None;
+    }
+    out.push_str(&text[copied..]);
+    Some(out)
+}
+
 /// What a URL's query carries as it is (RFC 3986's unreserved characters); every other
 /// byte is percent-encoded.
 const URL_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -147,6 +199,33 @@ const URL_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUM
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_percent_encoded_in_part_or_whole_is_found() {
+        let key = "sk-SECRET/abc+def123";
+        for echoed in [
+            "sk-SECRET%2Fabc+def123",
+            "sk-SECRET%2fabc%2Bdef123",
+            "sk-SECRET/abc%2bdef123",
+            "%73k-SECRET%2F%61bc%2Bdef123",
+        ] {
+            let text = format!("bad key Bearer {echoed} (twice: {echoed})");
+            assert_eq!(
+                replace_percent_spelled(&text, key, "[redacted]").as_deref(),
+                Some("bad key Bearer [redacted] (twice: [redacted])"),
+                "{echoed}"
+            );
+        }
+        assert_eq!(
+            replace_percent_spelled("sk-SECRET%2Fabc+def12", key, "x"),
+            None
+        );
+        assert_eq!(replace_percent_spelled("100% sure, 50%2", key, "x"), None);
+        assert_eq!(
+            replace_percent_spelled("é=%C3%A9 é", "é", "x").as_deref(),
+            Some("x=x x")
+        );
+    }
 
     #[test]
     fn a_preview_is_one_line() {
