@@ -1,6 +1,6 @@
 //! `trellis calibrate`: the console side of `trellis_reports::calibration`. Exit codes: 0
 //! no judge is below the agreement floor, 1 a judge is, 2 usage, a run that cannot be
-//! found or has no judged checks, or a bad labels file, 3 `calibration.json` could not be
+//! found or has no judged checks, a bad labels file, or labels that measured no judge, 3 `calibration.json` could not be
 //! written.
 
 use std::path::PathBuf;
@@ -85,6 +85,30 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
         }
     };
     let path = run.dir.join(calibration::CALIBRATION_FILE);
+    if result.judges.is_empty() {
+        // Nothing was measured (labels written for another run, or a judge that answered
+        // none of them): a pass here would let a wrong run id or labels file through a
+        // `--min-kappa` gate, and a calibration.json of nothing would replace a real one.
+        if args.json {
+            match trellis_reports::to_json_string(&result) {
+                Ok(text) => outln!("{text}"),
+                Err(e) => errln!("error: cannot encode the calibration: {e}"),
+            }
+        } else {
+            print(&result);
+        }
+        errln!(
+            "error: no judge was measured: {} of {} matched a judged check of run {} that its \
+             judge answered; {} was not written\n  help: labels name the scenario, trajectory \
+             and check of the run they were written for (docs/results.md, \"Calibrating \
+             judges\")",
+            result.matched,
+            console::count(result.labels as u64, "label", "labels"),
+            result.run_id,
+            calibration::CALIBRATION_FILE,
+        );
+        return EXIT_INVALID;
+    }
     let written = trellis_reports::write_json(&path, &result);
     if args.json {
         match trellis_reports::to_json_string(&result) {
@@ -215,7 +239,9 @@ fn print(c: &Calibration) {
     {
         outln!("  (the first {LISTED} of each; calibration.json lists them all)");
     }
-    if c.below_floor.is_empty() {
+    if c.judges.is_empty() {
+        // Nothing measured: the caller says so.
+    } else if c.below_floor.is_empty() {
         outln!(
             "{}: no judge is below the agreement floor (kappa {}{})",
             console::paint_pass("OK"),

@@ -309,6 +309,29 @@ async fn calibrate_marks_a_judge_below_the_floor_and_compare_will_not_gate_on_it
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("Pearson r"), "{}", stdout(&o));
 
+    // Labels written for another run measure no judge: exit 2, no "OK", and the run's
+    // calibration is kept.
+    let before = std::fs::read_to_string(head.join("calibration.json")).unwrap();
+    let other = runs.path().join("other.csv");
+    std::fs::write(
+        &other,
+        "scenario,trajectory,criterion,score\nelsewhere,t1,\"judge \"\"is polite\"\"\",1\n",
+    )
+    .unwrap();
+    let o = calibrate(runs.path(), &["head", other.to_str().unwrap()]).await;
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(!out.contains("OK"), "{out}");
+    assert!(out.contains("1 label: 0 matched, 1 not used"), "{out}");
+    assert!(
+        err.contains("no judge was measured: 0 of 1 label matched a judged check"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(head.join("calibration.json")).unwrap(),
+        before
+    );
+
     // Usage errors exit 2.
     let o = calibrate(runs.path(), &["head", labels, "--min-kappa", "2"]).await;
     assert_eq!(o.status.code(), Some(2));
