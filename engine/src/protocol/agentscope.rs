@@ -20,7 +20,9 @@
 //!
 //! Faults: an error frame (`data: {"error": …}`, including the session collision `Task … is
 //! already in RUNNING state.`) and a response that ends `failed` / `rejected` / `canceled`
-//! are `agent_error`; a stream that closes before the completed response is `incomplete`;
+//! are `agent_error`; a stream that closes (or sends `[DONE]`) before the completed
+//! response ends the answer when every message it started has completed (real servers end
+//! by closing the connection too), else it is `incomplete`;
 //! an event that is not JSON is `invalid_json`; JSON of the wrong shape is `protocol`. The
 //! client calls the configured URL and nothing else (no `/health`, never `/shutdown`).
 
@@ -273,14 +275,22 @@ async fn read_events(
 ) -> Result<(), Fault> {
     while !assembler.is_done() {
         let Some(event) = stream.next().await? else {
-            return Err(stream.ended_early("the response completed"));
+            return match assembler.cut_short() {
+                Some(awaited) => Err(stream.ended_early(&awaited)),
+                None => Ok(()),
+            };
         };
         let data = event.data.trim();
         if data.is_empty() {
             continue;
         }
         if data == "[DONE]" {
-            return Err(stream.ended_early("the response completed (`[DONE]` came first)"));
+            return match assembler.cut_short() {
+                Some(awaited) => {
+                    Err(stream.ended_early(&format!("{awaited} (`[DONE]` came first)")))
+                }
+                None => Ok(()),
+            };
         }
         let value: Value = serde_json::from_str(data).map_err(|e| {
             Fault::new(
@@ -410,6 +420,8 @@ struct PendingMessage {
     contents: BTreeMap<u64, Part>,
     /// Tokens the message reports, for responses that report none themselves.
     usage: Option<Usage>,
+    /// A message event said `completed`: its content is whole.
+    completed: bool,
 }
 
 #[derive(Debug)]
@@ -433,6 +445,24 @@ impl Assembler {
     /// Whether the response reached its final status.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Why an answer whose stream closed here, without the completed response, was cut
+    /// short; `None` when it can end here. Real servers end with the completed response
+    /// *or by closing the connection* (docs/wire.md, "AgentScope"), so a close after every
+    /// message completed is the end; one with nothing received, or a message still being
+    /// written, is a stream cut short.
+    fn cut_short(&self) -> Option<String> {
+        if self.messages.is_empty() {
+            return Some("the response completed".to_owned());
+        }
+        self.messages
+            .iter()
+            .find(|(_, m)| !m.completed)
+            .map(|(id, _)| match id.as_str() {
+                "" => "the message in progress completed".to_owned(),
+                id => format!("message `{id}` completed"),
+            })
     }
 
     /// Whether `event` is a response event that says only the status the response already
@@ -579,8 +609,10 @@ impl Assembler {
             .collect::<Vec<_>>()
             .join(": ");
         let usage = event.get("usage").and_then(parse_usage);
+        let completed = str_field(event, "status") == Some("completed");
         let message = self.message(&id);
         message.kind = kind;
+        message.completed |= completed;
         if role.is_some() {
             message.role = role;
         }

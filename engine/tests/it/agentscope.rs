@@ -562,17 +562,46 @@ async fn no_first_event_in_time_is_a_timeout() {
     assert_eq!(turn.exchanges[0].ttft, None);
 }
 
+/// A stream that closes while a message is still being written was cut short:
+/// `incomplete`, the text so far kept. So is one that closes before any message.
 #[tokio::test]
-async fn a_stream_that_closes_before_the_completed_response_is_incomplete() {
+async fn a_stream_that_closes_mid_message_is_incomplete() {
     let server = ScriptedServer::steps(opening("Half an ans")).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Incomplete);
+    assert!(
+        message.contains("ended before message `m1` completed"),
+        "{message}"
+    );
+    assert!(message.contains("5 events"), "{message}");
+    assert_eq!(turn.messages[0].content.as_deref(), Some("Half an ans"));
+    let server = ScriptedServer::steps(opening("")).await;
     let turn = say_to(&server.url, "Hi").await;
     let message = fault(&turn, FaultCategory::Incomplete);
     assert!(
         message.contains("ended before the response completed"),
         "{message}"
     );
-    assert!(message.contains("5 events"), "{message}");
-    assert_eq!(turn.messages[0].content.as_deref(), Some("Half an ans"));
+}
+
+/// Real servers end an answer with the completed response or by closing the connection
+/// (docs/wire.md, "AgentScope"): a close, or a `[DONE]`, after every message it started
+/// completed is the answer's end, not a fault.
+#[tokio::test]
+async fn a_stream_that_closes_after_its_messages_completed_is_the_answer() {
+    for end in [None, Some(raw("data: [DONE]\n\n"))] {
+        let mut steps = opening("It is 9 degrees.");
+        steps.push(event(
+            json!({"object": "message", "id": "m1", "type": "message",
+            "role": "assistant", "status": "completed",
+            "content": [{"type": "text", "text": "It is 9 degrees.", "delta": null}]}),
+        ));
+        steps.extend(end);
+        let server = ScriptedServer::steps(steps).await;
+        let turn = say_to(&server.url, "Hi").await;
+        assert_eq!(turn.fault, None);
+        assert_eq!(turn.reply.as_deref(), Some("It is 9 degrees."));
+    }
 }
 
 /// A chunked stream cut mid-body (the server died, or its handler raised after a few
