@@ -309,6 +309,23 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         );
         return Ok(EXIT_FAILED);
     }
+    // Every trajectory of a shard is there but not its end (killed just after its last
+    // trajectory, or its journal's tail cut when copied): merged, but what only the end
+    // records (its duration, LLM use by role, connections made again) is not counted.
+    for shard in shards
+        .iter()
+        .filter(|s| s.started.is_some() && s.finished.is_none() && !s.running)
+        .filter(|s| !missing.contains_key(&s.index))
+    {
+        errln!(
+            "warning: shard {}/{} ({}): its journal has no end (the run was killed after its \
+             last trajectory, or the journal's tail was cut when copied): its trajectories \
+             are all merged, but its duration and its LLM use by role are not counted",
+            shard.index,
+            split.count,
+            shard.dir.display(),
+        );
+    }
     if total_missing > 0 {
         say_missing(&split, &shards, &missing, args.verbose);
         if !args.allow_partial {

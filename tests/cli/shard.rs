@@ -1717,6 +1717,22 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
     let said_now = flat(&stderr(&o));
     assert!(said_now.contains("its run did not finish"), "{}", said(&o));
     assert!(!said_now.contains("records are incomplete"), "{}", said(&o));
+
+    // Every trajectory there, only the end lost (killed just after its last trajectory, or
+    // the tail cut when copied): merged, and said.
+    let mut writer = trellis_engine::journal::JournalWriter::create_at(&journal).unwrap();
+    for line in &kept {
+        writer.append_line(line.as_bytes()).unwrap();
+    }
+    writer.finish().unwrap();
+    let o = merge(&["--replace"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(
+        flat(&stderr(&o)).contains("warning: shard 2/2 (")
+            && flat(&stderr(&o)).contains("its journal has no end"),
+        "{}",
+        said(&o)
+    );
 }
 
 /// A shard's journal that records one trajectory twice (written twice by hand, or two
