@@ -35,16 +35,37 @@ pub enum ReadError {
     /// The file as a whole is not of its format.
     #[error("{0}")]
     Format(String),
+    /// Several rows are malformed: each, up to [`MAX_BAD_ROWS`], in file order.
+    #[error("{}", list_rows(.0))]
+    Rows(Vec<ReadError>),
 }
 
+/// The bad rows said at once: a file exported wrong is usually wrong on many, and one round
+/// of `check` per bad row was the way to find them.
+pub const MAX_BAD_ROWS: usize = 20;
+
+fn list_rows(rows: &[ReadError]) -> String {
+    let mut out = format!("{} bad rows", rows.len());
+    if rows.len() >= MAX_BAD_ROWS {
+        out.push_str(" (the first; the file may hold more)");
+    }
+    for row in rows {
+        out.push_str("\n- ");
+        out.push_str(&row.to_string());
+    }
+    out
+}
+
+/// What a reader hands on for each row: its fields, or why the row does not read (the
+/// reader goes on to the next one unless told to stop).
+pub type RowVisit<'a> = dyn FnMut(usize, Result<Fields, ReadError>) -> ControlFlow<()> + 'a;
+
 /// A file format's reader: hands each row, in file order and numbered from 1, to `visit`
-/// until the file ends or `visit` breaks.
+/// until the file ends or `visit` breaks. A row that does not read is handed on as its
+/// error, and the rows after it still are; an error the reader returns is one after which
+/// nothing more can be read (the file, or a quote left open that swallowed the rest).
 pub trait RowReader: Send + Sync {
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError>;
+    fn read(&self, path: &Path, visit: &mut RowVisit<'_>) -> Result<(), ReadError>;
 
     /// The columns the file declares whatever its rows (a CSV header, a Parquet schema);
     /// `None` for a format whose columns are only in its rows (JSON). Read only for a file
@@ -162,12 +183,27 @@ pub fn read(
     // largest is dropped when a smaller one comes).
     let mut sampled: BinaryHeap<(u64, usize, RowBox)> = BinaryHeap::new();
     let mut failure: Option<ReadError> = None;
+    let mut bad: Vec<ReadError> = Vec::new();
     let stream_limit = if select.sample.is_none() {
         select.limit
     } else {
         None
     };
-    reader.read(path, &mut |number, fields| {
+    let read = reader.read(path, &mut |number, fields| {
+        let fields = match fields {
+            Ok(fields) => fields,
+            Err(e) => {
+                bad.push(e);
+                return match bad.len() >= MAX_BAD_ROWS {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                };
+            }
+        };
+        // Rows after a bad one are read only for their own faults.
+        if !bad.is_empty() {
+            return ControlFlow::Continue(());
+        }
         // Most files give every row the same keys: only a row with a key not seen yet
         // searches the list (a map lookup per key would cost more than it saves).
         if columns.len() != fields.len() || !fields.keys().zip(&columns).all(|(k, c)| k == c) {
@@ -206,9 +242,18 @@ pub fn read(
             Some(limit) if kept.len() >= limit => ControlFlow::Break(()),
             _ => ControlFlow::Continue(()),
         }
-    })?;
+    });
+    // What stopped the reader comes after the bad rows it read before it.
+    if let Err(e) = read {
+        bad.push(e);
+    }
     if let Some(e) = failure {
-        return Err(e);
+        bad.push(e);
+    }
+    match bad.len() {
+        0 => {}
+        1 => return Err(bad.remove(0)),
+        _ => return Err(ReadError::Rows(bad)),
     }
     if select.sample.is_some() {
         kept = sampled
@@ -387,11 +432,7 @@ impl RowReader for Csv {
         Ok(Some(headers))
     }
 
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError> {
+    fn read(&self, path: &Path, visit: &mut RowVisit<'_>) -> Result<(), ReadError> {
         let (mut rdr, headers) = self.open(path)?;
         if let Some(dup) = headers
             .iter()
@@ -421,28 +462,41 @@ impl RowReader for Csv {
                 }
                 Ok(false) => return Ok(()),
                 Ok(true) => {}
-                // A row short of fields whose last one spans lines: a quote opened there ran
-                // on over the rows after it, which is what to say (its count of fields
-                // says only what followed).
+                // A row of the wrong count of fields, one of which spans lines: a quote
+                // opened there ran on over the rows after it, which is what to say (its
+                // count of fields says only what followed), and nothing after it reads as
+                // the file meant.
                 Err(e)
                     if matches!(e.kind(), csv::ErrorKind::UnequalLengths { .. })
-                        && record.len() < headers.len()
-                        && record
-                            .iter()
-                            .next_back()
-                            .is_some_and(|field| field.contains(['\n', '\r'])) =>
+                        && let Some(spanning) =
+                            record.iter().position(|field| field.contains(['\n', '\r'])) =>
                 {
+                    let line = e.position().map_or(0, csv::Position::line);
                     return Err(ReadError::Row {
                         row: number + 1,
-                        column: headers.get(record.len().saturating_sub(1)).cloned(),
+                        column: headers.get(spanning).cloned(),
                         message: format!(
-                            "a quote opened in this field runs on over the lines after it \
-                             (left open?): the row has {} field{} where the header has {}",
+                            "line {line}: a quote opened in this field runs on over the lines \
+                             after it (left open?): the row has {} field{} where the header \
+                             has {}",
                             record.len(),
                             if record.len() == 1 { "" } else { "s" },
                             headers.len()
                         ),
                     });
+                }
+                // A row that does not read alone: said, and the next one read.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        csv::ErrorKind::UnequalLengths { .. } | csv::ErrorKind::Utf8 { .. }
+                    ) =>
+                {
+                    number += 1;
+                    if visit(number, Err(csv_error(e, &headers))).is_break() {
+                        return Ok(());
+                    }
+                    continue;
                 }
                 Err(e) => return Err(csv_error(e, &headers)),
             }
@@ -456,7 +510,7 @@ impl RowReader for Csv {
             for (h, v) in headers.iter().zip(record.iter()) {
                 fields.insert(h.clone(), csv_value(v));
             }
-            if visit(number, fields).is_break() {
+            if visit(number, Ok(fields)).is_break() {
                 return Ok(());
             }
         }
@@ -512,11 +566,13 @@ fn csv_value(text: &str) -> Value {
 }
 
 fn csv_error(e: csv::Error, headers: &[String]) -> ReadError {
-    // Rows as users count them: the header is not a row, data rows start at 1.
+    // Rows as users count them: the header is not a row, data rows start at 1. The line
+    // too, which an editor shows and a field spanning lines moves away from the row's.
     let row = e
         .position()
         .map(|p| usize::try_from(p.record()).unwrap_or(usize::MAX))
         .unwrap_or(0);
+    let line = e.position().map_or(0, csv::Position::line);
     match e.into_kind() {
         csv::ErrorKind::Io(io) => ReadError::Io(io),
         csv::ErrorKind::UnequalLengths {
@@ -528,14 +584,14 @@ fn csv_error(e: csv::Error, headers: &[String]) -> ReadError {
                 .cloned()
                 .filter(|_| len < expected_len),
             message: format!(
-                "{len} field{} where the header has {expected_len}",
+                "line {line}: {len} field{} where the header has {expected_len}",
                 if len == 1 { "" } else { "s" }
             ),
         },
         csv::ErrorKind::Utf8 { err, .. } => ReadError::Row {
             row,
             column: headers.get(err.field()).cloned(),
-            message: "not valid UTF-8".into(),
+            message: format!("line {line}: not valid UTF-8"),
         },
         other => ReadError::Format(format!("{other:?}")),
     }
@@ -545,11 +601,7 @@ fn csv_error(e: csv::Error, headers: &[String]) -> ReadError {
 struct JsonLines;
 
 impl RowReader for JsonLines {
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError> {
+    fn read(&self, path: &Path, visit: &mut RowVisit<'_>) -> Result<(), ReadError> {
         let file = BufReader::new(File::open(path)?);
         let mut number = 0;
         for (i, line) in file.lines().enumerate() {
@@ -567,25 +619,21 @@ impl RowReader for JsonLines {
             }
             number += 1;
             let fields = match serde_json::from_str::<Value>(line) {
-                Ok(Value::Object(m)) => m,
-                Ok(other) => {
-                    return Err(ReadError::Row {
-                        row: number,
-                        column: None,
-                        message: format!(
-                            "line {} is a JSON {}, not an object",
-                            i + 1,
-                            json_kind(&other)
-                        ),
-                    });
-                }
-                Err(e) => {
-                    return Err(ReadError::Row {
-                        row: number,
-                        column: None,
-                        message: format!("line {}: {e}", i + 1),
-                    });
-                }
+                Ok(Value::Object(m)) => Ok(m),
+                Ok(other) => Err(ReadError::Row {
+                    row: number,
+                    column: None,
+                    message: format!(
+                        "line {} is a JSON {}, not an object",
+                        i + 1,
+                        json_kind(&other)
+                    ),
+                }),
+                Err(e) => Err(ReadError::Row {
+                    row: number,
+                    column: None,
+                    message: format!("line {}: {e}", i + 1),
+                }),
             };
             if visit(number, fields).is_break() {
                 return Ok(());
@@ -602,7 +650,7 @@ struct JsonArray;
 
 /// The state of one `.json` read, shared by the visitors.
 struct JsonRows<'v> {
-    visit: &'v mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    visit: &'v mut RowVisit<'v>,
     problem: Option<ReadError>,
     /// `visit` had what it needed: what serde says of the unread rest is not an error.
     stopped: bool,
@@ -615,8 +663,9 @@ impl JsonRows<'_> {
         let mut number = 0;
         while let Some(v) = seq.next_element::<Value>()? {
             number += 1;
-            let Value::Object(fields) = v else {
-                self.problem = Some(ReadError::Row {
+            let fields = match v {
+                Value::Object(fields) => Ok(fields),
+                v => Err(ReadError::Row {
                     row: number,
                     column: None,
                     message: format!(
@@ -627,9 +676,7 @@ impl JsonRows<'_> {
                             .unwrap_or_default(),
                         json_kind(&v)
                     ),
-                });
-                self.stopped = true;
-                return Ok(());
+                }),
             };
             if (self.visit)(number, fields).is_break() {
                 // The rest is not needed; the reader stops here.
@@ -743,11 +790,7 @@ impl<'de> serde::de::Visitor<'de> for Member<'_, '_> {
 }
 
 impl RowReader for JsonArray {
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError> {
+    fn read(&self, path: &Path, visit: &mut RowVisit<'_>) -> Result<(), ReadError> {
         use serde::de::Deserializer;
 
         let mut file = BufReader::new(File::open(path)?);
@@ -860,10 +903,20 @@ mod tests {
         let path = dir.path().join("d.csv");
         std::fs::write(&path, text).unwrap();
         let mut rows = Vec::new();
-        Csv { tabs: false }.read(&path, &mut |_, fields| {
-            rows.push(fields);
-            ControlFlow::Continue(())
+        let mut bad = None;
+        Csv { tabs: false }.read(&path, &mut |_, fields| match fields {
+            Ok(fields) => {
+                rows.push(fields);
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                bad.get_or_insert(e);
+                ControlFlow::Break(())
+            }
         })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
         Ok(rows)
     }
 
@@ -894,7 +947,7 @@ mod tests {
         };
         assert_eq!((row, column.as_deref()), (1, Some("text")));
         assert!(
-            message.starts_with("a quote opened in this field runs on"),
+            message.starts_with("line 2: a quote opened in this field runs on"),
             "{message}"
         );
         assert!(

@@ -371,6 +371,10 @@ fn read_one(
                     "bad row",
                     "fix the row in the file (`filter=` sees only rows that read)",
                 ),
+                dataset::ReadError::Rows(_) => (
+                    "bad rows",
+                    "fix the rows in the file (`filter=` sees only rows that read)",
+                ),
                 dataset::ReadError::Format(_) => ("not of its format", format_help(&ds.resolved)),
             };
             Err(Box::new(

@@ -867,7 +867,7 @@ impl Server {
         let mut rows = 0usize;
         // A file that fails part way still gave the columns of the rows before.
         let _ = reader.read(&file, &mut |_, fields| {
-            for k in fields.keys() {
+            for k in fields.iter().flat_map(|f| f.keys()) {
                 if !columns.contains(k) {
                     columns.push(k.clone());
                 }

@@ -14,7 +14,6 @@
 
 use std::fs::File;
 use std::io::{Cursor, Read, Seek, SeekFrom};
-use std::ops::ControlFlow;
 use std::path::Path;
 
 use polars_arrow::array::{
@@ -33,7 +32,7 @@ use polars_parquet::read::{
     infer_schema, read_metadata,
 };
 use serde_json::{Map, Number, Value};
-use trellis_dsl::dataset::{Fields, ReadError, RowReader};
+use trellis_dsl::dataset::{ReadError, RowReader, RowVisit};
 
 use crate::contained::decode;
 
@@ -62,11 +61,7 @@ impl RowReader for ParquetRows {
         ))
     }
 
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError> {
+    fn read(&self, path: &Path, visit: &mut RowVisit<'_>) -> Result<(), ReadError> {
         let mut file = File::open(path)?;
         let file_len = file.metadata()?.len();
         let mut metadata = damaged(decode(|| read_metadata(&mut file)))?.map_err(not_parquet)?;
@@ -183,7 +178,7 @@ impl RowReader for ParquetRows {
                         values_of_row
                             .insert(field.name.to_string(), values.next().unwrap_or(Value::Null));
                     }
-                    if visit(row, values_of_row).is_break() {
+                    if visit(row, Ok(values_of_row)).is_break() {
                         return Ok(());
                     }
                 }
@@ -786,6 +781,7 @@ mod iso {
 pub(crate) mod tests {
     use super::*;
     use polars_core::prelude::*;
+    use std::ops::ControlFlow;
 
     /// UTF-8 bytes read as their text; any other bytes as base64, which turns back into
     /// them (a replacement character did not).

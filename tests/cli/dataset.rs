@@ -267,13 +267,67 @@ async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
     }
 }
 
+/// Every bad row of a dataset is said at once, with its line (a field spanning lines moves
+/// a row's number away from it), in each format, up to 20: one round of `check` per bad
+/// row was the way to find them.
+#[tokio::test]
+async fn every_bad_row_of_a_dataset_is_said_at_once() {
+    let many: String = std::iter::once("id,n\n".to_owned())
+        .chain((0..30).map(|i| format!("r{i},{i},extra\n")))
+        .collect();
+    let suite = format!(
+        "{AGENT}dataset \"c\" path=\"c.csv\"\ndataset \"j\" path=\"j.jsonl\"\n\
+         dataset \"a\" path=\"a.json\"\ndataset \"m\" path=\"m.csv\"\n\
+         scenario \"c\" for-each=\"c\" {{\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"j\" for-each=\"j\" {{\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"a\" for-each=\"a\" {{\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"m\" for-each=\"m\" {{\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(
+        &suite,
+        &[
+            (
+                "c.csv",
+                b"id,note\nc1,\"two\nlines\"\nc2,x,y\nc3\nc4,fine\n".as_slice(),
+            ),
+            ("j.jsonl", b"{\"id\": 1}\nnot json\n[1]\n{\"id\": 2}\n"),
+            ("a.json", b"[{\"id\": 1}, 2, {\"id\": 3}, \"x\"]"),
+            ("m.csv", many.as_bytes()),
+        ],
+    );
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for said in [
+        "c.csv): 2 bad rows",
+        "- row 2: line 4: 3 fields where the header has 2",
+        "- row 3, column `note`: line 5: 1 field where the header has 2",
+        "j.jsonl): 2 bad rows",
+        "- row 2: line 2: expected ident",
+        "- row 3: line 3 is a JSON array, not an object",
+        "a.json): 2 bad rows",
+        "- row 2: element 2 is a JSON number, not an object",
+        "- row 4: element 4 is a JSON string, not an object",
+        "m.csv): 20 bad rows (the first; the file may hold more)",
+        "- row 20: line 21: 3 fields where the header has 2",
+    ] {
+        assert!(err.contains(said), "no {said:?} in {err}");
+    }
+    assert!(!err.contains("row 21:"), "{err}");
+}
+
 #[tokio::test]
 async fn a_malformed_row_stops_everything_naming_the_file_row_and_column() {
     for (file, content, says) in [
         (
             "data/bad.csv",
             "a,b\n1,2\n3\n4,5\n",
-            &["data/bad.csv", "row 2, column `b`: 1 field"][..],
+            &["data/bad.csv", "row 2, column `b`: line 3: 1 field"][..],
         ),
         (
             // A quote left open: the `csv` crate reads the rest of the file into the field.
