@@ -289,8 +289,15 @@ pub fn costs(
     match named {
         Some("none") => Ok(None),
         Some(what) => {
-            let run = history::resolve_run(runs_dir, what)
-                .map_err(|e| format!("{:?}", miette::Report::new(e)))?;
+            // The resolver's own help names `--baseline`: said here for this flag.
+            let run = history::resolve_run(runs_dir, what).map_err(|e| {
+                format!(
+                    "error: --shard-costs {what}: {e}\n  help: runs are looked for in `{}`, \
+                     next to --out; a run elsewhere is named by its directory \
+                     (--shard-costs runs/RUN_ID)",
+                    runs_dir.display()
+                )
+            })?;
             let costs = history::scenario_costs(&run.dir)
                 .map_err(|e| format!("{:?}", miette::Report::new(e)))?;
             // A run of other suites measures none of these scenarios: the split would
@@ -312,7 +319,18 @@ pub fn costs(
             Ok(Some(measured(run.run_id, costs)))
         }
         None => match history::latest_costs(runs_dir, &plan.suites) {
-            Ok(found) => Ok(found.map(|(run, costs)| measured(run.run_id, costs))),
+            Ok(Some((run, costs))) => Ok(Some(measured(run.run_id, costs))),
+            // Shards written into a directory of their own (`--out shards/1`) find no whole
+            // run there, every time: said, with the way to name one.
+            Ok(None) => {
+                errln!(
+                    "note: no finished whole run of these suites in `{}` (next to --out) to \
+                     balance the shards by measured cost; --shard-costs RUN names one (a \
+                     directory, id or name)",
+                    runs_dir.display()
+                );
+                Ok(None)
+            }
             // A history that cannot be read balances by trajectory runs: every shard reads
             // the same directory, so they still agree.
             Err(e) => {

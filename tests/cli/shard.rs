@@ -1424,6 +1424,32 @@ async fn shards_are_balanced_by_the_latest_whole_run_and_agree_on_the_split() {
     let tmp = tempfile::tempdir().unwrap();
     let suite = small_suite(tmp.path());
     let runs = tmp.path().join("runs");
+    // Shards in a directory of their own, as the recipe writes them, find no whole run
+    // there: said, with the flag that names one; `pinned` is looked for there too, and the
+    // help names this flag.
+    let o = run_shard(&suite, "1/2", &tmp.path().join("shards/1"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let note = flat(&stderr(&o));
+    assert!(
+        note.contains("note: no finished whole run of these suites in `")
+            && note.contains("--shard-costs RUN names one"),
+        "{note}"
+    );
+    let o = run_shard(
+        &suite,
+        "1/2",
+        &tmp.path().join("shards/2"),
+        &["--shard-costs", "pinned"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("error: --shard-costs pinned:")
+            && err.contains("(--shard-costs runs/RUN_ID)")
+            && !err.contains("--baseline"),
+        "{err}"
+    );
     let whole = trellis()
         .arg("run")
         .arg(&suite)
