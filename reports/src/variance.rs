@@ -33,6 +33,10 @@ use crate::stats::{CONFIDENCE, Interval};
 
 /// The file in a run directory.
 pub const VARIANCE_FILE: &str = "variance.json";
+
+/// Where a stopped `trellis variance` writes its partial result when the run already holds a
+/// complete one in [`VARIANCE_FILE`], which it keeps.
+pub const PARTIAL_VARIANCE_FILE: &str = "variance.partial.json";
 pub const VARIANCE_SCHEMA_VERSION: u32 = 1;
 
 /// Resamples of the bootstrap behind every interval.

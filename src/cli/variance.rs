@@ -28,8 +28,8 @@ use trellis_engine::plan::Selection;
 use trellis_engine::record::{CriterionStatus, JournalEntry, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::transport::http::HttpTransport;
 use trellis_reports::variance::{
-    Decomposition, GroupKey, IntervalMethod, Samples, VARIANCE_FILE, VARIANCE_SCHEMA_VERSION,
-    VarianceReport,
+    Decomposition, GroupKey, IntervalMethod, PARTIAL_VARIANCE_FILE, Samples, VARIANCE_FILE,
+    VARIANCE_SCHEMA_VERSION, VarianceReport,
 };
 
 use super::console::{errln, outln};
@@ -482,7 +482,18 @@ pub fn variance(args: VarianceArgs) -> u8 {
         overall,
         intervals: Some(IntervalMethod::default()),
     };
-    let path = run_dir.join(VARIANCE_FILE);
+    // A stopped measurement does not replace a complete one: a Ctrl-C lost the finished
+    // analysis of an earlier, longer command.
+    let keeps_earlier = !report.complete
+        && matches!(
+            trellis_reports::variance::read(&run_dir),
+            Ok(Some(earlier)) if earlier.complete
+        );
+    let path = run_dir.join(if keeps_earlier {
+        PARTIAL_VARIANCE_FILE
+    } else {
+        VARIANCE_FILE
+    });
     if let Err(e) = trellis_reports::write_json(&path, &report) {
         errln!("error: {e}: {}", super::recorder::source(&e));
         return EXIT_INCOMPLETE;
@@ -506,6 +517,13 @@ pub fn variance(args: VarianceArgs) -> u8 {
         Some((why, code)) => {
             if !args.json {
                 errln!("partial: {why}; the figures use what finished");
+            }
+            if keeps_earlier {
+                errln!(
+                    "the complete {VARIANCE_FILE} of an earlier `trellis variance` is kept (the \
+                     report shows it); this partial result is in {PARTIAL_VARIANCE_FILE}, and \
+                     the conditions that ran replaced their runs under variance/"
+                );
             }
             // A signal decides the exit code, whatever else stopped a condition.
             relay.stopped().map_or(code, StopSignal::exit_code)

@@ -591,4 +591,37 @@ async fn the_llm_call_budget_stops_variance_with_a_partial_result() {
     // The budget, plus at most the calls already in flight (--jobs) when it was reached.
     let spent = fake.calls() - before;
     assert!((6..=6 + 8).contains(&spent), "{spent} calls");
+
+    // Once a complete measurement is there, a stopped one does not replace it: it is
+    // written beside it, and said.
+    let (complete, _) = variance(dir.path(), &run, None).await;
+    assert_eq!(complete["complete"], true, "{complete:#}");
+    let o = trellis()
+        .env("FAKE_KEY", "k")
+        .args([
+            "variance",
+            "--repeats",
+            "4",
+            "--max-llm-calls",
+            "6",
+            "--dir",
+        ])
+        .arg(dir.path().join("runs"))
+        .arg(&run)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the complete variance.json of an earlier `trellis variance` is kept"),
+        "{err}"
+    );
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("variance.json")).unwrap()).unwrap();
+    assert_eq!(kept, complete);
+    let partial: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("variance.partial.json")).unwrap())
+            .unwrap();
+    assert_eq!(partial["complete"], false, "{partial:#}");
 }
