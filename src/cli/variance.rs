@@ -442,9 +442,19 @@ pub fn variance(args: VarianceArgs) -> u8 {
                 // As for the judge condition: outcomes that are all errors never vary, and
                 // the share read 0.000, as steady as an agent can be.
                 if counted.recorded > 0 && counted.errors == counted.recorded {
+                    // Whose error: a judge that failed is not an agent that is down.
+                    let why = match (&counted.first_fault, counted.faulted) {
+                        (None, _) => "in their checks: is a judge failing?".to_owned(),
+                        (Some(first), n) if n == counted.errors => {
+                            format!("with a fault: is the agent down? the first: {first}")
+                        }
+                        (Some(first), n) => format!(
+                            "{n} with a fault (the first: {first}), the rest in their checks"
+                        ),
+                    };
                     errln!(
-                        "warning: every trajectory of the {name} condition ended in an error \
-                         (is the agent down? see {}): its share below says nothing of it",
+                        "warning: every trajectory of the {name} condition ended in an error, \
+                         {why} (see {}): its share below says nothing of it",
                         out.display()
                     );
                 } else if counted.errors > 0 {
@@ -788,6 +798,10 @@ struct Counted {
     failed: u64,
     /// Of `failed`, those that errored (a fault, a check that could not run).
     errors: u64,
+    /// Of `errors`, those that ended with a fault (the agent's, or the simulated user's),
+    /// the first of them said; the rest errored in their checks (a judge that failed).
+    faulted: u64,
+    first_fault: Option<String>,
     invalid: u64,
     skipped: u64,
 }
@@ -821,6 +835,12 @@ fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) -> Counted {
                 TrajectoryStatus::Error => {
                     counted.failed += 1;
                     counted.errors += 1;
+                    if let Some(fault) = &t.fault {
+                        counted.faulted += 1;
+                        counted.first_fault.get_or_insert_with(|| {
+                            format!("{} fault: {}", fault.category.as_str(), fault.message)
+                        });
+                    }
                 }
                 TrajectoryStatus::Invalid => counted.invalid += 1,
                 TrajectoryStatus::Skipped => counted.skipped += 1,

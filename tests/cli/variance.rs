@@ -251,15 +251,18 @@ async fn a_judge_that_always_fails_is_not_shown_as_stable_without_a_word() {
         "{err}"
     );
     // Its checks could not be judged in the agent's and the fresh runs either: their
-    // shares say nothing, and that is said too.
+    // shares say nothing, and that is said too, blaming the judge, not the agent.
+    let err = crate::flat(&err);
     for condition in ["agent", "free"] {
         assert!(
             err.contains(&format!(
-                "warning: every trajectory of the {condition} condition ended in an error"
+                "warning: every trajectory of the {condition} condition ended in an error, \
+                 in their checks: is a judge failing?"
             )),
             "{err}"
         );
     }
+    assert!(!err.contains("is the agent down"), "{err}");
 }
 
 #[tokio::test]
