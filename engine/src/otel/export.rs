@@ -276,9 +276,11 @@ fn shown_url(url: &str) -> String {
 fn without_credentials(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
-            let _ = parsed.set_username("…");
+            // A URL percent-encodes a `…` set as its user (`%E2%80%A6`): a marker put in
+            // the text instead reads as what it is.
+            let _ = parsed.set_username("CREDENTIALS");
             let _ = parsed.set_password(None);
-            parsed.to_string()
+            parsed.to_string().replacen("CREDENTIALS@", "…@", 1)
         }
         _ => url.to_owned(),
     }
@@ -1150,6 +1152,18 @@ fn now_nanos() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_shown_are_masked_readably() {
+        assert_eq!(
+            without_credentials("http://u:p@127.0.0.1:4318/v1/traces"),
+            "http://…@127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            without_credentials("http://127.0.0.1:4318/v1/traces"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+    }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
