@@ -674,12 +674,13 @@ impl SpanExporter {
         for (i, exchange) in turn.exchanges.iter().enumerate() {
             let end = (at + took(exchange)).min(times.1.max(at));
             let id = derived_id(&span_id, &["exchange", &i.to_string()]);
-            let mut span = self.span(id, span_id.clone(), exchange.label.clone(), (at, end));
+            let name = exchange_span_name(&exchange.label);
+            let mut span = self.span(id, span_id.clone(), name, (at, end));
             span.kind = SpanKind::Client as i32;
-            span.attributes = vec![int(
-                "trellis.exchange.attempts",
-                exchange.attempts.len() as u64,
-            )];
+            span.attributes = vec![
+                int("trellis.exchange.attempts", exchange.attempts.len() as u64),
+                text("trellis.exchange.label", &exchange.label),
+            ];
             fault_status(
                 &mut span,
                 exchange.attempts.last().and_then(|a| a.fault.as_ref()),
@@ -1091,6 +1092,24 @@ fn derived_id(base: &[u8], parts: &[&str]) -> Vec<u8> {
     id
 }
 
+/// The span name of an exchange: its label when that is a request line (`POST /chat`),
+/// else only the kind of wire, since a socket's path or port and a process's command line
+/// change from run to run (a temporary directory, an ephemeral port) and a tracing backend
+/// groups spans by name. The label is kept as `trellis.exchange.label`.
+fn exchange_span_name(label: &str) -> String {
+    for (prefix, name) in [
+        ("exec `", "exec"),
+        ("line `", "line"),
+        ("tcp:", "tcp"),
+        ("unix:", "unix"),
+    ] {
+        if label.starts_with(prefix) {
+            return name.to_owned();
+        }
+    }
+    label.to_owned()
+}
+
 fn text(key: &str, value: &str) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
@@ -1152,6 +1171,19 @@ fn now_nanos() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exchange_span_is_named_by_its_wire_not_its_address() {
+        for (label, name) in [
+            ("POST /chat", "POST /chat"),
+            ("tcp:127.0.0.1:42081", "tcp"),
+            ("unix:/tmp/trellis-SUmyvN/support.sock", "unix"),
+            ("exec `'/tmp/bin/trellis' agent support --per-call`", "exec"),
+            ("line `python3 agent.py`", "line"),
+        ] {
+            assert_eq!(exchange_span_name(label), name);
+        }
+    }
 
     #[test]
     fn credentials_shown_are_masked_readably() {
