@@ -180,15 +180,32 @@ fn print_trajectory(t: &TrajectoryRecord, nodes: &HashMap<NodeKey, Vec<Arc<TurnR
         t.repetition,
         t.duration_ms
     );
-    for node in &t.nodes {
-        let key = (
+    let key = |node: &String| {
+        (
             t.suite.clone(),
             t.scenario.clone(),
             t.agent.clone(),
             t.repetition,
             node.clone(),
-        );
-        for turn in nodes.get(&key).into_iter().flatten() {
+        )
+    };
+    // A branch of a session-bound agent (AgentScope) replays the prefix in a session of its
+    // own: the conversation this trajectory had starts with those replayed turns, and the
+    // prefix's original turns, taken in another branch's session, are not shown twice.
+    let own_session = t
+        .nodes
+        .iter()
+        .rposition(|node| {
+            nodes
+                .get(&key(node))
+                .is_some_and(|turns| turns.iter().any(|turn| turn.replay))
+        })
+        .unwrap_or(0);
+    if own_session > 0 {
+        outln!("  (a session of its own: the shared prefix replayed, then its own turns)");
+    }
+    for node in &t.nodes[own_session..] {
+        for turn in nodes.get(&key(node)).into_iter().flatten() {
             print_turn(turn);
         }
     }
@@ -230,10 +247,17 @@ fn print_turn(turn: &TurnRecord) {
         ""
     };
     let replay = if turn.replay { ", replayed prefix" } else { "" };
+    // A simulated user's message is the simulator's, not the suite's.
+    let kind = match turn.user_source {
+        _ if turn.kind != "user" => turn.kind.as_str(),
+        Some(trellis_engine::record::UserSource::Recorded) => "simulated user, replayed",
+        Some(trellis_engine::record::UserSource::Fresh) => "simulated user",
+        None if !turn.simulator.is_empty() => "simulated user",
+        None => "user",
+    };
     outln!(
-        "  turn {} ({}, {:.0} ms{reused}{replay})",
+        "  turn {} ({kind}, {:.0} ms{reused}{replay})",
         turn.turn_index,
-        turn.kind,
         turn.latency_ms
     );
     if !turn.user_message.is_empty() {

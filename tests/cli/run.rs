@@ -1569,6 +1569,51 @@ async fn show_prints_the_transcripts_of_what_did_not_pass() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
+/// A branch of a session-bound agent replays the prefix in a session of its own: `show`
+/// prints that conversation, the prefix once (replayed), not the first branch's prefix
+/// turns and then their replay.
+#[tokio::test]
+async fn show_prints_a_replayed_branch_as_its_own_session_had_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"w\" protocol=\"agentscope\" builtin=\"weather\"\n\
+         scenario \"fork\" {\n    user \"What is the weather in Paris?\"\n    \
+         branch \"a\" {\n        user \"And tomorrow?\"\n    }\n    \
+         branch \"b\" {\n        user \"And in Rome?\"\n    }\n    \
+         criteria {\n        no-error\n    }\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "--all"])
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    let b = out
+        .split("\n\n")
+        .find(|t| t.contains("s/fork · b [w #0]"))
+        .unwrap_or_else(|| panic!("no branch b: {out}"));
+    assert_eq!(b.matches("  turn 0 (").count(), 1, "{b}");
+    assert!(b.contains("turn 0 (user, "), "{b}");
+    assert!(b.contains(", replayed prefix)"), "{b}");
+    assert!(b.contains("(a session of its own"), "{b}");
+    let a = out
+        .split("\n\n")
+        .find(|t| t.contains("s/fork · a [w #0]"))
+        .unwrap_or_else(|| panic!("no branch a: {out}"));
+    assert_eq!(a.matches("  turn 0 (").count(), 1, "{a}");
+    assert!(!a.contains("replayed"), "{a}");
+}
+
 /// `--repeat N` runs every selected scenario N times, whatever its `repeat` says.
 #[tokio::test]
 async fn repeat_runs_every_scenario_that_many_times() {

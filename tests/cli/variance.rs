@@ -86,6 +86,37 @@ fn judge_says(passed: bool) -> String {
     format!(r#"{{"passed": {passed}, "justification": "read it"}}"#)
 }
 
+/// `trellis show` tells a simulated user's turn from a scripted one.
+#[tokio::test]
+async fn show_labels_the_simulated_users_turns() {
+    let fake = FakeLlm::start(vec![
+        rule_for("judge-m", None, vec![Reply::text(judge_says(true))]),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("Booked: slot XYZZY.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let o = trellis()
+        .args(["show", "--all"])
+        .arg(&run)
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.contains("  turn 0 (simulated user, "), "{out}");
+    assert!(
+        out.contains("    user: Book me a cleaning please."),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_noisy_agent_is_the_source() {
     let fake = FakeLlm::start(vec![
