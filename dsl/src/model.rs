@@ -1097,6 +1097,9 @@ pub struct Scenario {
     pub expect_tools: Vec<Criterion>,
     /// `criteria-override "…"`: the rubric of the scenario's judged checks (a template).
     pub criteria_override: Option<Spanned<String>>,
+    /// `test-case-id "…"`: what a Connexity agent is sent as `metadata.test_case_id` (the
+    /// platform's case UUID), instead of the scenario id.
+    pub test_case_id: Option<Spanned<String>>,
     pub repeat: u32,
     /// Scenario ids (same suite, or `suite/scenario`) that must finish first.
     pub needs: Vec<Spanned<String>>,

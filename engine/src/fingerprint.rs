@@ -507,6 +507,11 @@ fn setup_text(
     if sc.stop_on_failure {
         text.push_str("stop-on-failure;");
     }
+    // Sent with every Connexity request: another id is another conversation.
+    if let Some(id) = &sc.test_case_id {
+        text.push_str("test-case-id ");
+        write_canonical(text, &id.value);
+    }
     // A dataset row or matrix value changes what the steps render, so an edited row reruns
     // that row's instance (and only it).
     write_canonical(text, &sc.instance);

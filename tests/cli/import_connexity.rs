@@ -869,7 +869,10 @@ async fn many_cases_under_few_names_are_numbered_and_their_unmapped_parts_counte
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cases.json");
     let cases: Vec<serde_json::Value> = (0..30)
-        .map(|i| serde_json::json!({"id": format!("db-{i}"), "name": format!("Case {}", i % 3)}))
+        .map(|i| {
+            serde_json::json!({"id": format!("db-{i}"), "created_at": format!("t{i}"),
+                "name": format!("Case {}", i % 3)})
+        })
         .collect();
     std::fs::write(&file, serde_json::to_string(&cases).unwrap()).unwrap();
     let suite = dir.path().join("suite.kdl");
@@ -887,7 +890,13 @@ async fn many_cases_under_few_names_are_numbered_and_their_unmapped_parts_counte
         "{err}"
     );
     let text = std::fs::read_to_string(&suite).unwrap();
-    assert_eq!(text.matches("`id` (a database field").count(), 30, "{text}");
+    assert_eq!(
+        text.matches("`created_at` (a database field").count(),
+        30,
+        "{text}"
+    );
+    // The case's id is sent as the platform sends it, not dropped.
+    assert!(text.contains("    test-case-id \"db-7\"\n"), "{text}");
     for id in ["case-0", "case-1", "case-2", "case-0-2", "case-2-10"] {
         assert!(
             text.contains(&format!("scenario \"{id}\" {{")),

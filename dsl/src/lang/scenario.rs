@@ -20,7 +20,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 36] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 37] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -67,6 +67,11 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 36] = [
         "criteria-override",
         STRING,
         "replaces the judge's default rubric",
+    ),
+    &NodeSpec::setting(
+        "test-case-id",
+        STRING,
+        "Connexity: the `metadata.test_case_id` sent (default: the scenario id)",
     ),
     &NodeSpec::setting(
         "agent",

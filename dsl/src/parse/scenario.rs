@@ -51,6 +51,7 @@ impl<'f> Decoder<'f> {
             outcomes: Vec::new(),
             expect_tools: Vec::new(),
             criteria_override: None,
+            test_case_id: None,
             repeat: 1,
             needs: Vec::new(),
             timeout: None,
@@ -148,6 +149,11 @@ impl<'f> Decoder<'f> {
                             self.rubric(e)?;
                             self.spanned_string(e)
                         })
+                }
+                "test-case-id" => {
+                    sc.test_case_id = self
+                        .single(&cv, spec, "test-case-id \"…\"")
+                        .and_then(|e| self.spanned_string(e))
                 }
                 "difficulty" => {
                     if let Some(d) = self

@@ -136,7 +136,12 @@ impl Unit<'_> {
             .and_then(|headers| Ok((headers, self.turn_system_prompt(state)?)));
         let rendered = for_turn.as_ref().ok();
         let ctx = CallContext {
-            test_case_id: &self.scenario.scenario.id.value,
+            test_case_id: self
+                .scenario
+                .scenario
+                .test_case_id
+                .as_ref()
+                .map_or(&self.scenario.scenario.id.value, |id| &id.value),
             turn_index,
             deadline,
             turn_headers: rendered.and_then(|(headers, _)| headers.as_ref()),

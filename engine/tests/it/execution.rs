@@ -86,6 +86,28 @@ scenario "fork" {
 }
 "#;
 
+/// `test-case-id` is what a Connexity agent is sent as `metadata.test_case_id` (the
+/// platform's case UUID), on every request of the scenario.
+#[tokio::test]
+async fn a_test_case_id_is_sent_instead_of_the_scenario_id() {
+    let (url, seen) = echo_agent().await;
+    let suite = format!(
+        "agent \"echo\" protocol=\"connexity\" url=\"{url}\"\n\
+         scenario \"case\" {{\n    test-case-id \"6f1c2a7e-3b8d-4e0a-9c51-2d7f8e4a1b90\"\n    \
+         user \"a\"\n    user \"b\"\n    criteria {{ no-error }}\n}}\n"
+    );
+    let run = run_suite(&suite, 1).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let requests = seen.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(
+            r["metadata"]["test_case_id"],
+            "6f1c2a7e-3b8d-4e0a-9c51-2d7f8e4a1b90"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_forks_shared_prefix_runs_once_per_repetition() {
     let (url, seen) = echo_agent().await;

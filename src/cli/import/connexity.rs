@@ -573,10 +573,17 @@ impl Case {
                         );
                     }
                 }
-                ("id" | "created_at" | "updated_at", value) => {
-                    if key == "id" {
-                        case.case_id = Some(scalar_text(&value));
-                    }
+                // The case's id is what the platform sends as `metadata.test_case_id`: an
+                // agent that looks its case up by it gets it (the note keeps a re-import's
+                // scenario ids).
+                ("id", value) => {
+                    let id = scalar_text(&value);
+                    case.settings
+                        .push(format!("test-case-id {}", kdl_string(&id)));
+                    case.notes.push(format!("id: {id}"));
+                    case.case_id = Some(id);
+                }
+                ("created_at" | "updated_at", value) => {
                     case.notes.push(format!("{key}: {}", scalar_text(&value)));
                     lost(format!("`{key}` (a database field; kept as a comment)"));
                 }
