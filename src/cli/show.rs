@@ -52,10 +52,17 @@ pub struct ShowArgs {
 type NodeKey = (String, String, String, u32, String);
 
 pub fn show(args: ShowArgs) -> u8 {
+    // As `run --filter` selects: an instance's id written out (`amt[e08f465b6641]`) is
+    // matched literally (its `[…]` is no glob class), and an instance is selected by its
+    // scenario's id too.
     let filters = match args
         .filter
         .iter()
-        .map(|g| Glob::new(g).map(|g| g.compile_matcher()))
+        .filter_map(|g| match Glob::new(g) {
+            Ok(glob) => Some(Ok(glob.compile_matcher())),
+            Err(_) if g.contains('[') && g.ends_with(']') => None,
+            Err(e) => Some(Err(e)),
+        })
         .collect::<Result<Vec<GlobMatcher>, _>>()
     {
         Ok(filters) => filters,
@@ -96,10 +103,18 @@ pub fn show(args: ShowArgs) -> u8 {
         }
     };
     let selected = |suite: &str, scenario: &str| {
-        filters.is_empty()
-            || filters
-                .iter()
-                .any(|f| f.is_match(scenario) || f.is_match(format!("{suite}/{scenario}")))
+        let base = scenario
+            .split_once('[')
+            .filter(|_| scenario.ends_with(']'))
+            .map(|(base, _)| base);
+        let full = format!("{suite}/{scenario}");
+        args.filter.is_empty()
+            || filters.iter().any(|f| {
+                f.is_match(scenario)
+                    || f.is_match(&full)
+                    || base.is_some_and(|b| f.is_match(b) || f.is_match(format!("{suite}/{b}")))
+            })
+            || args.filter.iter().any(|f| *f == scenario || *f == full)
     };
     let mut nodes: HashMap<NodeKey, Vec<Arc<TurnRecord>>> = HashMap::new();
     let (mut shown, mut more) = (0usize, 0usize);

@@ -267,6 +267,49 @@ async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
     }
 }
 
+/// `show --filter` selects as `run --filter` does: an instance by its scenario's id, and by
+/// its own id written out (its `[…]` is no glob class).
+#[tokio::test]
+async fn show_selects_instances_as_run_does() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"per-row\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
+         user \"{{{{ row.id }}}}\"\n    \
+         expect reply contains=\"NEVER\"\n}}\n\
+         scenario \"other\" {{\n    user \"hi\"\n    expect reply contains=\"NEVER\"\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", b"id\nA17\nB-2\n".as_slice())]);
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "suite.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let show = |filter: &'static str| {
+        let dir = dir.path().to_owned();
+        async move {
+            let o = trellis()
+                .current_dir(dir)
+                .args(["show", "--filter", filter])
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            stdout(&o)
+        }
+    };
+    let out = show("per-row").await;
+    assert!(out.contains("suite/per-row[A17]"), "{out}");
+    assert!(out.contains("suite/per-row[B-2]"), "{out}");
+    assert!(!out.contains("suite/other"), "{out}");
+    let out = show("per-row[B-2]").await;
+    assert!(out.contains("suite/per-row[B-2]"), "{out}");
+    assert!(!out.contains("per-row[A17]"), "{out}");
+    let out = show("suite/per-row").await;
+    assert!(out.contains("suite/per-row[A17]"), "{out}");
+}
+
 /// Every bad row of a dataset is said at once, with its line (a field spanning lines moves
 /// a row's number away from it), in each format, up to 20: one round of `check` per bad
 /// row was the way to find them.
