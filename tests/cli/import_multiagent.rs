@@ -1204,3 +1204,41 @@ async fn a_blank_task_description_is_refused_as_a_missing_one() {
     );
     assert!(!suite.exists());
 }
+
+/// An empty `expected_outcome` (legacy task or workflow node) is said, not dropped: the step
+/// is left without a check, which the user should know of at the import.
+#[tokio::test]
+async fn an_empty_expected_outcome_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, file) in [
+        (
+            "legacy.json",
+            json!({"scenario_id": "odd", "title": "t",
+                "tasks": [{"task_id": "t1", "description": "Do it", "expected_outcome": ""}]}),
+        ),
+        (
+            "aes.json",
+            json!({"aes_version": 1.4, "metadata": {"id": "a"},
+                "workflow": {"nodes": [{"id": "n1", "task_description": "Do it",
+                    "expected_outcome": " "}], "edges": []}}),
+        ),
+    ] {
+        let source = dir.path().join(name);
+        std::fs::write(&source, file.to_string()).unwrap();
+        let suite = dir.path().join(format!("{name}.kdl"));
+        let o = import(&[source.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let err = flat(&stderr(&o));
+        assert!(
+            err.contains("`expected_outcome` is empty: nothing of this")
+                && err.contains("1 with unmapped parts"),
+            "{name}: {err}"
+        );
+        let text = std::fs::read_to_string(&suite).unwrap();
+        assert!(
+            text.contains("// not mapped: `expected_outcome` is empty"),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("outcome \""), "{name}: {text}");
+    }
+}

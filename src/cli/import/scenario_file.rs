@@ -827,6 +827,9 @@ impl Reader {
                 }
             }
             Some(Value::Object(typed)) => typed_outcome(typed, &mut step),
+            Some(Value::String(sentence)) if sentence.trim().is_empty() => step
+                .unmapped
+                .push("`expected_outcome` is empty: nothing of this node is checked".to_owned()),
             Some(Value::String(sentence)) => step.expects.push(format!(
                 "outcome {}",
                 kdl_string(&literal_template(sentence))
@@ -896,7 +899,11 @@ impl Reader {
         }
         match task.get("expected_outcome") {
             None | Some(Value::Null) => {}
-            Some(Value::String(sentence)) if sentence.trim().is_empty() => {}
+            // Said, not dropped: the task then has no check, which `check` would say only
+            // as a scenario skipped for want of one.
+            Some(Value::String(sentence)) if sentence.trim().is_empty() => step
+                .unmapped
+                .push("`expected_outcome` is empty: nothing of this task is checked".to_owned()),
             Some(Value::String(sentence)) => step.expects.push(format!(
                 "outcome {}",
                 kdl_string(&literal_template(sentence))
