@@ -168,6 +168,27 @@ async fn a_name_over_the_schemas_limit_is_said() {
     );
 }
 
+/// An empty name is said, as a missing one is, and not written as `name ""`.
+#[tokio::test]
+async fn an_empty_name_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("odd.json");
+    std::fs::write(&file, r#"{"name": " ", "initial_message": "hi"}"#).unwrap();
+    let o = import(&[file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`name` is empty (required: a short human-readable name)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stdout(&o).contains("scenario \"odd-1\" {"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!stdout(&o).contains("name \" \""), "{}", stdout(&o));
+}
+
 #[tokio::test]
 async fn a_case_that_is_not_an_object_loses_only_itself() {
     let dir = tempfile::tempdir().unwrap();

@@ -441,8 +441,17 @@ impl Case {
                 .unwrap_or_else(|| format!("{}-{}", slug(stem), index + 1)),
             ..Case::default()
         };
-        if name.is_none() {
-            lost("no `name` (required by the schema); the scenario is named after the file".into());
+        match name.as_deref().map(str::trim) {
+            None => lost(
+                "no `name` (required by the schema); the scenario is named after the file".into(),
+            ),
+            // Required as a human-readable name: an empty one names nothing.
+            Some("") => lost(
+                "`name` is empty (required: a short human-readable name); the scenario is \
+                 named after the file"
+                    .into(),
+            ),
+            Some(_) => {}
         }
         // Imported whole, but said: the platform would refuse the case as it stands.
         if let Some(long) = name.as_deref().filter(|n| n.chars().count() > 255) {
@@ -459,6 +468,7 @@ impl Case {
         let persona = map.remove("persona");
         for (key, value) in map {
             match (key.as_str(), value) {
+                ("name", Value::String(text)) if text.trim().is_empty() => {}
                 ("name", Value::String(text)) => {
                     case.settings.push(format!("name {}", kdl_string(&text)));
                 }
