@@ -34,7 +34,7 @@ use statrs::stats_tests::mannwhitneyu::{MannWhitneyUMethod, mannwhitneyu};
 use statrs::stats_tests::{Alternative, fishers_exact};
 
 use crate::calibration::UntrustedJudge;
-use crate::stats::{RunStats, StatusCounts};
+use crate::stats::{RunStats, StatusCounts, natural_cmp};
 
 /// When a change is a regression. Defaults are Connexity's.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -440,7 +440,7 @@ pub fn compare(
         ));
     }
     let scenario_latency = ScenarioLatencyRule::new(base, head, latencies, thresholds);
-    let scenarios: Vec<ScenarioChange> = pair(
+    let mut scenarios: Vec<ScenarioChange> = pair(
         base.scenarios
             .iter()
             .map(|s| ((s.suite.clone(), s.scenario.clone(), s.agent.clone()), s)),
@@ -484,6 +484,12 @@ pub fn compare(
         }
     })
     .collect();
+    // As the run's own tables order them: a matrix's `add[a=2]` before `add[a=10]`.
+    scenarios.sort_by(|a, b| {
+        natural_cmp(&a.suite, &b.suite)
+            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
+            .then_with(|| natural_cmp(&a.agent, &b.agent))
+    });
     // Runs of unrelated suites share nothing to compare: every base scenario "removed",
     // every head one "added", and the gate passed having compared nothing. (A head run of
     // the same suites that selected only new scenarios, or whose agent was renamed, shares
@@ -611,7 +617,7 @@ pub fn compare(
         "scenarios",
     ));
 
-    let branches: Vec<BranchChange> = pair(
+    let mut branches: Vec<BranchChange> = pair(
         base.branches.iter().map(|b| {
             (
                 (
@@ -661,6 +667,12 @@ pub fn compare(
         }
     })
     .collect();
+    branches.sort_by(|a, b| {
+        natural_cmp(&a.suite, &b.suite)
+            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
+            .then_with(|| natural_cmp(&a.trajectory, &b.trajectory))
+            .then_with(|| natural_cmp(&a.agent, &b.agent))
+    });
     let mut unreached_failing_branches: Vec<String> = Vec::new();
     for b in &branches {
         // A branch the base run did not check (new in a scenario both ran, or skipped in the
@@ -734,7 +746,7 @@ pub fn compare(
         "branches",
     ));
 
-    let criteria: Vec<CriterionChange> = unreached_on_their_turns(pair(
+    let mut criteria: Vec<CriterionChange> = unreached_on_their_turns(pair(
         base.criteria.iter().map(|c| (criterion_key(c), c)),
         head.criteria.iter().map(|c| (criterion_key(c), c)),
     ))
@@ -771,6 +783,14 @@ pub fn compare(
         },
     )
     .collect();
+    criteria.sort_by(|a, b| {
+        natural_cmp(&a.suite, &b.suite)
+            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
+            .then_with(|| natural_cmp(&a.trajectory, &b.trajectory))
+            .then_with(|| natural_cmp(&a.agent, &b.agent))
+            .then_with(|| a.turn_index.cmp(&b.turn_index))
+            .then_with(|| natural_cmp(&a.criterion, &b.criterion))
+    });
     // A branch that regressed or was not run says so for its checks (a fault in the head run
     // leaves the checks after it unreached).
     let branches_reported: std::collections::BTreeSet<(&str, &str, &str, &str)> = branches

@@ -595,15 +595,82 @@ impl Interner {
     pub(crate) fn ranks(&self) -> NameRanks {
         // The texts beside their addresses: a comparison reads each text's bytes, not a
         // pointer to the counted allocation first.
-        let mut names: Vec<(&str, usize)> = self.0.iter().map(|n| (&**n, address(n))).collect();
-        names.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Sorted by keys that compare byte-wise as the names do naturally: a sort of 100,000
+        // names by `natural_cmp` itself took six times a byte-wise one.
+        // The keys side by side in one buffer, each name's its range of it.
+        let mut keys: Vec<u8> = Vec::with_capacity(self.0.iter().map(|n| n.len() + 8).sum());
+        let mut names: Vec<(std::ops::Range<usize>, &str, usize)> = self
+            .0
+            .iter()
+            .map(|n| {
+                let start = keys.len();
+                natural_key(n, &mut keys);
+                (start..keys.len(), &**n, address(n))
+            })
+            .collect();
+        names.sort_unstable_by(|a, b| {
+            keys[a.0.clone()]
+                .cmp(&keys[b.0.clone()])
+                .then_with(|| a.1.cmp(b.1))
+        });
         NameRanks(
             names
                 .into_iter()
                 .enumerate()
-                .map(|(rank, (_, at))| (at, u32::try_from(rank).unwrap_or(u32::MAX)))
+                .map(|(rank, (_, _, at))| (at, u32::try_from(rank).unwrap_or(u32::MAX)))
                 .collect(),
         )
+    }
+}
+
+/// `a` against `b` as people order names: runs of digits by their value, so a matrix's
+/// `add[a=2]` comes before `add[a=10]` and `t9` before `t10` (text order put every `1…`
+/// first); the rest by its text. Names equal but for leading zeros (`a01`, `a1`) are
+/// ordered by their text, so the order is total.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let digits = |s: &[u8]| s.iter().take_while(|c| c.is_ascii_digit()).count();
+    let zeros = |s: &[u8]| s.iter().take_while(|c| **c == b'0').count();
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    while let (Some(&cx), Some(&cy)) = (x.first(), y.first()) {
+        if cx.is_ascii_digit() && cy.is_ascii_digit() {
+            let (nx, ny) = (digits(x), digits(y));
+            let (vx, vy) = (&x[zeros(&x[..nx])..nx], &y[zeros(&y[..ny])..ny]);
+            let by_value = vx.len().cmp(&vy.len()).then_with(|| vx.cmp(vy));
+            if by_value != Ordering::Equal {
+                return by_value;
+            }
+            (x, y) = (&x[nx..], &y[ny..]);
+        } else if cx != cy {
+            // UTF-8's byte order is its characters' order.
+            return cx.cmp(&cy);
+        } else {
+            (x, y) = (&x[1..], &y[1..]);
+        }
+    }
+    x.len().cmp(&y.len()).then_with(|| a.cmp(b))
+}
+
+/// Appends to `key` the bytes of `name` that compare as [`natural_cmp`] compares names
+/// (ties, names equal but for leading zeros, left to their text): each run of digits
+/// becomes `0` (no other byte of a key is, so it meets another run or compares as any digit
+/// would with the text beside it), its value's length in four bytes, then its digits
+/// without leading zeros.
+fn natural_key(name: &str, key: &mut Vec<u8>) {
+    let mut rest = name.as_bytes();
+    while !rest.is_empty() {
+        let text = rest.iter().take_while(|c| !c.is_ascii_digit()).count();
+        key.extend_from_slice(&rest[..text]);
+        rest = &rest[text..];
+        let run = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+        if run == 0 {
+            break;
+        }
+        let zeros = rest[..run].iter().take_while(|c| **c == b'0').count();
+        key.push(b'0');
+        key.extend_from_slice(&u32::try_from(run - zeros).unwrap_or(u32::MAX).to_be_bytes());
+        key.extend_from_slice(&rest[zeros..run]);
+        rest = &rest[run..];
     }
 }
 
@@ -1384,6 +1451,44 @@ pub(crate) fn in_key_order<T, K: Ord>(mut rows: Vec<T>, keys: Vec<K>) -> Vec<T> 
 mod tests {
     use super::*;
 
+    #[test]
+    fn names_are_ordered_as_people_order_them() {
+        let mut names = vec![
+            "add[a=10]",
+            "add[a=1]",
+            "add[a=2]",
+            "t10",
+            "t9",
+            "t09",
+            "b",
+            "a",
+            "é",
+            "z1x",
+            "z1",
+            "add[a=1,b=20]",
+            "add[a=1,b=3]",
+        ];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            names,
+            [
+                "a",
+                "add[a=1,b=3]",
+                "add[a=1,b=20]",
+                "add[a=1]",
+                "add[a=2]",
+                "add[a=10]",
+                "b",
+                "t09",
+                "t9",
+                "t10",
+                "z1",
+                "z1x",
+                "é"
+            ]
+        );
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-4
     }
@@ -1408,9 +1513,31 @@ mod tests {
     /// An interner's ranks order its names as their texts do (bytes, not letters: `A`
     /// before `a`, `e` before `é`, a prefix before what it starts), for every copy of a name.
     #[test]
-    fn ranks_order_names_as_their_texts_do() {
+    fn ranks_order_names_as_people_order_them() {
         let texts = [
-            "b", "a\0b", "", "é", "e", "ask[10]", "ask[9]", "ask[1]", "A", "a", "ask[1]x",
+            "b",
+            "a\0b",
+            "",
+            "é",
+            "e",
+            "ask[10]",
+            "ask[9]",
+            "ask[1]",
+            "A",
+            "a",
+            "ask[1]x",
+            "a01",
+            "a1",
+            "a1b",
+            "a01c",
+            "x0",
+            "x",
+            "x00",
+            "0",
+            "/",
+            ":",
+            "a99999999999999999999",
+            "a100000000000000000000",
         ];
         let mut names = Interner::default();
         let first: Vec<Name> = texts.iter().map(|t| names.get(t)).collect();
@@ -1418,8 +1545,10 @@ mod tests {
         let mut by_rank = texts.to_vec();
         by_rank.sort_by_key(|t| ranks.of(&names.get(t)));
         let mut by_text = texts.to_vec();
-        by_text.sort_unstable();
+        by_text.sort_unstable_by(|a, b| natural_cmp(a, b));
         assert_eq!(by_rank, by_text);
+        let at = |t: &str| by_rank.iter().position(|x| *x == t);
+        assert!(at("ask[9]") < at("ask[10]"), "{by_rank:?}");
         let distinct: std::collections::BTreeSet<u32> = first.iter().map(|n| ranks.of(n)).collect();
         assert_eq!(distinct.len(), texts.len());
     }

@@ -720,8 +720,14 @@ impl Console {
             }
             rows.into_iter().collect()
         };
-        // Already by name; a stable sort puts the suites in load order.
-        rows.sort_by_key(|((suite, _, _), _)| self.suite_rank(suite));
+        // The suites in load order, their scenarios as people order names (`m[a=2]` before
+        // `m[a=10]`), as the run's tables order them.
+        rows.sort_by(|((sa, ca, aa), _), ((sb, cb, ab), _)| {
+            self.suite_rank(sa)
+                .cmp(&self.suite_rank(sb))
+                .then_with(|| trellis_reports::stats::natural_cmp(ca, cb))
+                .then_with(|| trellis_reports::stats::natural_cmp(aa, ab))
+        });
         rows
     }
 

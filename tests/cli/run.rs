@@ -1614,6 +1614,50 @@ async fn show_prints_a_replayed_branch_as_its_own_session_had_it() {
     assert!(!a.contains("replayed"), "{a}");
 }
 
+/// Matrix instances are listed as people order them, `m[a=2]` before `m[a=10]`, in the
+/// run's summary and in a comparison.
+#[tokio::test]
+async fn instances_are_listed_in_natural_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"m\" {\n    matrix { a 10 2 1; }\n    user \"hi {{ vars.a }}\"\n    \
+         expect no-error\n}\n",
+    )
+    .unwrap();
+    for out in ["r1", "r2"] {
+        let o = trellis()
+            .current_dir(dir.path())
+            .args(["run", "s.kdl", "--out", out])
+            .env("NO_COLOR", "1")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = stdout(&o);
+        let at = |id: &str| text.find(id).unwrap_or_else(|| panic!("{id}: {text}"));
+        assert!(
+            at("m[a=1]") < at("m[a=2]") && at("m[a=2]") < at("m[a=10]"),
+            "{text}"
+        );
+    }
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["compare", "r1", "r2", "--dir", ".", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let order: Vec<&str> = json["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["m[a=1]", "m[a=2]", "m[a=10]"]);
+}
+
 /// `--repeat N` runs every selected scenario N times, whatever its `repeat` says.
 #[tokio::test]
 async fn repeat_runs_every_scenario_that_many_times() {
