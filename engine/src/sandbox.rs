@@ -127,6 +127,9 @@ pub struct ToolSpec {
     pub state_changes: Vec<StateChange>,
     /// Checked in order before the call runs; the first breach wins.
     pub policies: Vec<Policy>,
+    /// The parameters declared `required=#true`: a call without one is answered with an
+    /// error, as a tool runtime validating its schema answers, and does not run.
+    pub required: Vec<String>,
 }
 
 impl ToolSpec {
@@ -278,6 +281,19 @@ pub enum SandboxError {
     Exhausted { name: String, outputs: usize },
     #[error("the sandbox refuses calls after {limit} calls in one trajectory")]
     TooManyCalls { limit: usize },
+    #[error(
+        "tool '{name}' was called with arguments that are {kind} in JSON, not an object of \
+         named parameters: it did not run"
+    )]
+    ArgumentsNotObject { name: String, kind: &'static str },
+    #[error("tool '{name}' was called without its required parameter(s) {missing}: it did not run")]
+    MissingRequired { name: String, missing: String },
+}
+
+/// Whether `params` lacks `param` (a `null` is no value: a required parameter sent as
+/// `null` is not given).
+fn absent(params: &Value, param: &str) -> bool {
+    params.get(param).is_none_or(Value::is_null)
 }
 
 /// The result of one call.
@@ -353,7 +369,8 @@ impl Sandbox {
     }
 
     /// Run one call: policies first, then the tool's answer and its state changes.
-    /// Never panics, whatever shape `params` has (a non-object has no parameters).
+    /// Never panics, whatever shape `params` has (a non-object has no parameters: it is an
+    /// error for a tool with policies or required parameters, which it would get past).
     pub fn call(&mut self, name: &str, params: &Value) -> ToolOutcome {
         if self.calls.len() >= self.spec.max_calls {
             self.refused_calls = self.refused_calls.saturating_add(1);
@@ -370,6 +387,32 @@ impl Sandbox {
                     name: name.to_string(),
                 }),
             },
+            // Arguments a model sent as a string of JSON, a list or a number name no
+            // parameter: the policies, reading named parameters, would find none to refuse
+            // and let the call through (a double-encoded refund of 100 past a limit of 50).
+            // A tool with neither policies nor required parameters answers them as the
+            // harness does (its fixed output takes any call).
+            Some(tool)
+                if !matches!(params, Value::Object(_) | Value::Null)
+                    && (!tool.policies.is_empty() || !tool.required.is_empty()) =>
+            {
+                ToolOutcome::Error(SandboxError::ArgumentsNotObject {
+                    name: name.to_string(),
+                    kind: crate::transport::quote::kind_of(params),
+                })
+            }
+            Some(tool) if tool.required.iter().any(|p| absent(params, p)) => {
+                let missing: Vec<String> = tool
+                    .required
+                    .iter()
+                    .filter(|p| absent(params, p))
+                    .map(|p| format!("'{p}'"))
+                    .collect();
+                ToolOutcome::Error(SandboxError::MissingRequired {
+                    name: name.to_string(),
+                    missing: missing.join(", "),
+                })
+            }
             Some(tool) => match tool.policies.iter().find_map(|p| p.breach(params)) {
                 Some(violation) => ToolOutcome::Violation(violation),
                 None => self.execute(name, tool, params, &mut state_errors),
@@ -1166,6 +1209,12 @@ impl SandboxSpec {
                     answer,
                     state_changes: state_changes(&tool.state_changes),
                     policies,
+                    required: tool
+                        .params
+                        .iter()
+                        .filter(|p| p.required)
+                        .map(|p| p.name.clone())
+                        .collect(),
                 };
                 (name, spec)
             })
@@ -1359,6 +1408,44 @@ mod tests {
             &serde_json::json!(9007199254740992u64)
         ));
         assert!(json_eq(&serde_json::json!(2), &serde_json::json!(2.0)));
+    }
+
+    /// Arguments that are no object of named parameters (a double-encoded string, a list)
+    /// do not get past a tool's policy or required parameters: an error, and it does not
+    /// run. A required parameter left out is an error too.
+    #[test]
+    fn arguments_a_policy_cannot_read_do_not_get_past_it() {
+        let mut refund = refund_tool(50.0);
+        refund.required = vec!["amount".into()];
+        let mut sandbox = sandbox(vec![("refund", refund)]);
+        for params in [json!("{\"amount\": 100}"), json!([100]), json!(100)] {
+            let outcome = sandbox.call("refund", &params);
+            assert!(
+                matches!(
+                    outcome,
+                    ToolOutcome::Error(SandboxError::ArgumentsNotObject { .. })
+                ),
+                "{params}: {outcome:?}"
+            );
+        }
+        for params in [json!({}), Value::Null, json!({"amount": null})] {
+            let outcome = sandbox.call("refund", &params);
+            assert!(
+                matches!(
+                    outcome,
+                    ToolOutcome::Error(SandboxError::MissingRequired { .. })
+                ),
+                "{params}: {outcome:?}"
+            );
+        }
+        assert!(matches!(
+            sandbox.call("refund", &json!({"amount": 100})),
+            ToolOutcome::Violation(_)
+        ));
+        assert_eq!(
+            sandbox.call("refund", &json!({})).result_object()["message"],
+            "tool 'refund' was called without its required parameter(s) 'amount': it did not run"
+        );
     }
 
     #[test]
@@ -1700,8 +1787,9 @@ mod tests {
                 "{text}"
             );
         }
-        // Without the parameter there is nothing to check.
-        for params in [json!({}), json!({"amount": null}), json!("amount")] {
+        // Without the parameter there is nothing to check (the harness's reading); arguments
+        // that are no object at all are refused, not read as having none.
+        for params in [json!({}), json!({"amount": null})] {
             assert!(
                 matches!(
                     sandbox.call("apply_refund", &params),
@@ -1710,6 +1798,10 @@ mod tests {
                 "{params}"
             );
         }
+        assert!(matches!(
+            sandbox.call("apply_refund", &json!("amount")),
+            ToolOutcome::Error(SandboxError::ArgumentsNotObject { .. })
+        ));
     }
 
     #[test]

@@ -1051,3 +1051,52 @@ scenario "s" {{
         "{latencies:?}: the wait for room counted"
     );
 }
+
+/// Tool arguments a model double-encodes (a JSON string of an object) name no parameter:
+/// they do not get past the tool's policy or its required parameter as a call with none.
+/// The tool does not run and the model is told why, as for arguments that are not JSON.
+#[tokio::test]
+async fn tool_arguments_that_are_no_object_do_not_get_past_a_policy() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "refund please",
+            [Reply::tool_call(
+                "refund",
+                serde_json::json!("{\"amount\": 100}"),
+            )],
+        ),
+        Rule::otherwise([Reply::text("Done.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "model" protocol="openai" base-url="{}" model="m" {{
+    tools "refund"
+}}
+tool "refund" {{
+    param "amount" type="number" required=#true
+    policy "amount" max=50
+}}
+scenario "s" {{
+    user "refund please"
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = run(&path, &out, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let journal = journal_text(&out);
+    assert!(
+        journal.contains("not an object of named parameters: it did not run"),
+        "{journal}"
+    );
+    assert!(!journal.contains("Executed refund"), "{journal}");
+}

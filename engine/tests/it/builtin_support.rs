@@ -44,6 +44,7 @@ fn shop() -> SandboxSpec {
         (
             "apply_refund",
             ToolSpec {
+                required: Vec::new(),
                 policies: vec![Policy::max_limit(50.0)],
                 state_changes: vec![StateChange {
                     path: "orders.A-1001.refund".into(),
