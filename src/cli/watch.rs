@@ -1227,6 +1227,10 @@ impl Session {
                             "watch: Enter reruns every scenario afresh (after changing an agent)"
                         );
                     }
+                    // The line that said it at the start was cleared with the screen.
+                    if let Some(server) = &self.server {
+                        outln!("watch: the latest report is served on {}", server.url());
+                    }
                 }
                 if let (Some(server), Some(html)) = (&self.server, report_html) {
                     server.publish(html);

@@ -65,9 +65,15 @@ impl Watch {
     /// `trellis watch suite.kdl` in `dir` with its output on a terminal (a pseudo-terminal
     /// of `rows` rows), as a person runs it: each rerun redraws the screen.
     fn start_on_terminal(dir: &Path, rows: u16) -> Watch {
+        Watch::start_on_terminal_with(dir, rows, &[])
+    }
+
+    /// [`Watch::start_on_terminal`] with `extra` arguments.
+    fn start_on_terminal_with(dir: &Path, rows: u16, extra: &[&str]) -> Watch {
         let mut cmd = trellis();
         cmd.current_dir(dir)
             .args(["watch", "suite.kdl", "--out", "runs"])
+            .args(extra)
             .stderr(Stdio::null());
         let master = crate::stdout_on_terminal(&mut cmd, rows, 120);
         let child = cmd.spawn().unwrap();
@@ -2025,6 +2031,31 @@ async fn a_terminal_lists_twenty_standing_failures_and_counts_the_rest() {
     let more = listed.last().unwrap();
     assert!(more.contains("… and 4 more"), "{more}");
     assert!(more.contains("latest/report.html"), "{more}");
+}
+
+/// On a terminal every redraw says where the report is served: the line that said it at
+/// the start is cleared with the screen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_keeps_the_served_address_in_sight() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |user: &str| {
+        format!(
+            "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n\
+             scenario \"s\" {{\n    user \"{user}\"\n    expect no-error\n}}\n"
+        )
+    };
+    write(&suite, &text("hello"));
+    let mut watch = Watch::start_on_terminal_with(dir.path(), 40, &["--serve", "0"]);
+    watch.wait_for("watch: rerun 1 done").await;
+    watch
+        .wait_for("watch: the latest report is served on http://127.0.0.1:")
+        .await;
+    atomic_write(&suite, &text("hello again"));
+    watch.wait_for("watch: rerun 2 done").await;
+    watch
+        .wait_for("watch: the latest report is served on http://127.0.0.1:")
+        .await;
 }
 
 /// A branching scenario away from one rerun (its file emptied by an editor's save) and back
