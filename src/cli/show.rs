@@ -118,6 +118,10 @@ pub fn show(args: ShowArgs) -> u8 {
     };
     let mut nodes: HashMap<NodeKey, Vec<Arc<TurnRecord>>> = HashMap::new();
     let (mut shown, mut more) = (0usize, 0usize);
+    // What the run planned, and how it ended: a run stopped early is said to be, or "no
+    // trajectories that did not pass" read as all passed.
+    let mut planned: Option<u64> = None;
+    let mut ended: Option<(bool, Option<String>, u64)> = None;
     loop {
         let entry = match journal.next_entry() {
             Ok(Some(entry)) => entry,
@@ -131,6 +135,12 @@ pub fn show(args: ShowArgs) -> u8 {
             }
         };
         match entry {
+            JournalEntry::RunStarted(info) => {
+                planned.get_or_insert(info.planned_trajectories);
+            }
+            JournalEntry::RunFinished(end) => {
+                ended = Some((end.interrupted, end.stopped_by.clone(), end.trajectories));
+            }
             // Past the limit only trajectories are counted: their turns are not kept.
             JournalEntry::Node(n) if shown < args.limit && selected(&n.suite, &n.scenario) => {
                 nodes
@@ -157,6 +167,23 @@ pub fn show(args: ShowArgs) -> u8 {
     } else {
         "trajectories that did not pass"
     };
+    match ended {
+        Some((true, stopped_by, recorded)) => outln!(
+            "the run stopped before its end ({}): {recorded}{} trajectories recorded",
+            stopped_by
+                .as_deref()
+                .unwrap_or("a signal, or a newer save in watch"),
+            planned
+                .map(|p| format!(" of {p} planned"))
+                .unwrap_or_default()
+        ),
+        None if planned.is_some() => outln!(
+            "the run has no end in its journal (killed, or still running): what it recorded \
+             is shown; `trellis run SUITES --resume {}` finishes it",
+            super::console::shell_word(&dir)
+        ),
+        _ => {}
+    }
     match (shown, more) {
         (0, 0) => outln!("no {what} in {}", dir.display()),
         (_, 0) => {}

@@ -472,6 +472,14 @@ scenario "s" {{
         statuses.iter().all(|s| s.as_deref() == Some("passed")),
         "{statuses:?}"
     );
+    // `show` says the run stopped, not only that nothing failed.
+    let o = trellis().arg("show").arg(&out).output().await.unwrap();
+    let shown = stdout(&o);
+    assert!(
+        shown.contains("the run stopped before its end (")
+            && shown.contains("): 2 of 4 planned trajectories recorded"),
+        "{shown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
