@@ -172,6 +172,8 @@ scenario "echo" {{
         strings(&df, "reply"),
         [Some("your key is [redacted]".to_owned())]
     );
+    // The model under test names the provider it is reached through.
+    assert_eq!(strings(&df, "provider"), [Some("fake".to_owned())]);
 }
 
 /// A judge that echoes the provider's key leaves it in no cache entry: the cache is shared

@@ -172,6 +172,11 @@ impl ChatClient {
         &self.inner.model
     }
 
+    /// The id of the `provider` the model is reached through, if any.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.inner.provider.as_deref().map(ProviderClient::id)
+    }
+
     /// The request body for `history`.
     fn request_body(
         &self,

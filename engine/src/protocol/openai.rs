@@ -280,6 +280,7 @@ impl OpenAiSession {
         let max_rounds = self.client.max_tool_rounds;
         let mut turn = Turn {
             model: Some(self.client.chat.model().to_owned()),
+            provider: self.client.chat.provider_id().map(str::to_owned),
             ..Default::default()
         };
         let mut rounds = 0u32;
