@@ -98,6 +98,8 @@ async fn every_protocol_gets_a_project_that_passes_at_once() {
                 && !readme.contains('%'),
             "{readme}"
         );
+        // Every file written is in its table, the `.gitignore` too.
+        assert!(readme.contains("| `.gitignore` |"), "{readme}");
 
         let check = trellis_in(&dir, &["check"]).await;
         assert_eq!(
