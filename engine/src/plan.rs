@@ -66,6 +66,56 @@ pub struct Selection {
     pub include_inactive: bool,
 }
 
+/// `--filter` patterns, as `run` and `show` select scenarios by them: a glob matched against
+/// a scenario's id and `suite/id`. An instance (`refund[A17]`) is selected by its own id
+/// (also written out literally: `m[model=meta/llama-3]` is rarely a valid glob, `a-3` being
+/// no class range) and by its scenario's id. Patterns are taken in NFC, as ids are compared
+/// (a filter typed in a macOS terminal arrives in NFD).
+#[derive(Debug, Default)]
+pub struct ScenarioFilter {
+    patterns: Vec<String>,
+    globs: Vec<GlobMatcher>,
+}
+
+impl ScenarioFilter {
+    pub fn new(patterns: &[String]) -> Result<Self, PlanError> {
+        let patterns: Vec<String> = patterns
+            .iter()
+            .map(|f| trellis_dsl::names::nfc(f).into_owned())
+            .collect();
+        let globs = patterns
+            .iter()
+            .filter_map(|p| match Glob::new(p) {
+                Ok(g) => Some(Ok(g.compile_matcher())),
+                Err(_) if p.contains('[') && p.ends_with(']') => None,
+                Err(error) => Some(Err(PlanError::Filter {
+                    pattern: p.clone(),
+                    error,
+                })),
+            })
+            .collect::<Result<Vec<GlobMatcher>, _>>()?;
+        Ok(ScenarioFilter { patterns, globs })
+    }
+
+    /// No pattern: everything is selected.
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    /// Whether scenario `id` of `suite` (an instance of scenario `base`) is selected.
+    pub fn selects(&self, suite: &str, id: &str, base: Option<&str>) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        let full = format!("{suite}/{id}");
+        self.globs.iter().any(|m| {
+            m.is_match(id)
+                || m.is_match(&full)
+                || base.is_some_and(|b| m.is_match(b) || m.is_match(format!("{suite}/{b}")))
+        }) || self.patterns.iter().any(|f| *f == id || *f == full)
+    }
+}
+
 /// A criterion with its templated values compiled; check it with
 /// [`crate::criteria::check_planned`], which renders them first.
 #[derive(Clone, Debug)]
@@ -309,25 +359,7 @@ impl Plan {
         env: Arc<EnvSnapshot>,
         mut counts: Option<&mut NotRunnableCounts>,
     ) -> Result<Plan, PlanError> {
-        // An instance's id written out (`m[model=meta/llama-3]`) is rarely a valid glob (`a-3`
-        // is no class range): such a pattern is matched literally, below, not refused.
-        // In NFC, as ids are compared (a filter typed in a macOS terminal arrives in NFD).
-        let filters: Vec<String> = selection
-            .filters
-            .iter()
-            .map(|f| trellis_dsl::names::nfc(f).into_owned())
-            .collect();
-        let matchers = filters
-            .iter()
-            .filter_map(|p| match Glob::new(p) {
-                Ok(g) => Some(Ok(g.compile_matcher())),
-                Err(_) if p.contains('[') && p.ends_with(']') => None,
-                Err(error) => Some(Err(PlanError::Filter {
-                    pattern: p.clone(),
-                    error,
-                })),
-            })
-            .collect::<Result<Vec<GlobMatcher>, _>>()?;
+        let filter = ScenarioFilter::new(&selection.filters)?;
 
         // In NFC once per suite: a suite is named after its file (macOS names files in NFD).
         let suite_names: Vec<_> = project
@@ -357,24 +389,17 @@ impl Plan {
                 // The ids are written out only when there are filters to match them: a run
                 // of every scenario spent about 1,000 instructions on each for nothing.
                 let by_filter = || {
-                    let id = trellis_dsl::names::nfc(&sc.id.value);
-                    let suite_name = &suite_names[si];
-                    let full = format!("{suite_name}/{id}");
-                    // An instance (`refund[A17]`) is selected by its own id (also written
-                    // literally, although `[…]` is a glob class) and by its scenario's id.
                     let base = sc
                         .instance
                         .as_ref()
                         .map(|i| trellis_dsl::names::nfc(&i.base));
-                    matchers.iter().any(|m| {
-                        m.is_match(id.as_ref())
-                            || m.is_match(&full)
-                            || base.as_deref().is_some_and(|b| {
-                                m.is_match(b) || m.is_match(format!("{suite_name}/{b}"))
-                            })
-                    }) || filters.iter().any(|f| *f == id || *f == full)
+                    filter.selects(
+                        &suite_names[si],
+                        &trellis_dsl::names::nfc(&sc.id.value),
+                        base.as_deref(),
+                    )
                 };
-                active && by_tag && (filters.is_empty() || by_filter())
+                active && by_tag && (filter.is_empty() || by_filter())
             })
             .collect();
         // What the selected scenarios need is selected too. Without any `needs` there is

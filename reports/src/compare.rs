@@ -352,6 +352,15 @@ pub fn checked_nothing(run: &RunStats) -> Option<String> {
     }
 }
 
+/// Names compared field by field in [`natural_cmp`]'s order.
+fn natural_order<const N: usize>(a: [&str; N], b: [&str; N]) -> std::cmp::Ordering {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| natural_cmp(x, y))
+        .find(|o| o.is_ne())
+        .unwrap_or(std::cmp::Ordering::Equal)
+}
+
 /// The one regression line for what a stopped base never reached and fails in the head
 /// (`failing`, named `one`/`many`), if any.
 fn unreached_and_failing(failing: &[String], one: &str, many: &str) -> Option<String> {
@@ -486,9 +495,10 @@ pub fn compare(
     .collect();
     // As the run's own tables order them: a matrix's `add[a=2]` before `add[a=10]`.
     scenarios.sort_by(|a, b| {
-        natural_cmp(&a.suite, &b.suite)
-            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
-            .then_with(|| natural_cmp(&a.agent, &b.agent))
+        natural_order(
+            [&a.suite, &a.scenario, &a.agent],
+            [&b.suite, &b.scenario, &b.agent],
+        )
     });
     // Runs of unrelated suites share nothing to compare: every base scenario "removed",
     // every head one "added", and the gate passed having compared nothing. (A head run of
@@ -668,10 +678,10 @@ pub fn compare(
     })
     .collect();
     branches.sort_by(|a, b| {
-        natural_cmp(&a.suite, &b.suite)
-            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
-            .then_with(|| natural_cmp(&a.trajectory, &b.trajectory))
-            .then_with(|| natural_cmp(&a.agent, &b.agent))
+        natural_order(
+            [&a.suite, &a.scenario, &a.trajectory, &a.agent],
+            [&b.suite, &b.scenario, &b.trajectory, &b.agent],
+        )
     });
     let mut unreached_failing_branches: Vec<String> = Vec::new();
     for b in &branches {
@@ -784,12 +794,12 @@ pub fn compare(
     )
     .collect();
     criteria.sort_by(|a, b| {
-        natural_cmp(&a.suite, &b.suite)
-            .then_with(|| natural_cmp(&a.scenario, &b.scenario))
-            .then_with(|| natural_cmp(&a.trajectory, &b.trajectory))
-            .then_with(|| natural_cmp(&a.agent, &b.agent))
-            .then_with(|| a.turn_index.cmp(&b.turn_index))
-            .then_with(|| natural_cmp(&a.criterion, &b.criterion))
+        natural_order(
+            [&a.suite, &a.scenario, &a.trajectory, &a.agent],
+            [&b.suite, &b.scenario, &b.trajectory, &b.agent],
+        )
+        .then_with(|| a.turn_index.cmp(&b.turn_index))
+        .then_with(|| natural_cmp(&a.criterion, &b.criterion))
     });
     // A branch that regressed or was not run says so for its checks (a fault in the head run
     // leaves the checks after it unreached).

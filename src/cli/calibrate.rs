@@ -85,31 +85,11 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
         }
     };
     let path = run.dir.join(calibration::CALIBRATION_FILE);
-    if result.judges.is_empty() {
-        // Nothing was measured (labels written for another run, or a judge that answered
-        // none of them): a pass here would let a wrong run id or labels file through a
-        // `--min-kappa` gate, and a calibration.json of nothing would replace a real one.
-        if args.json {
-            match trellis_reports::to_json_string(&result) {
-                Ok(text) => outln!("{text}"),
-                Err(e) => errln!("error: cannot encode the calibration: {e}"),
-            }
-        } else {
-            print(&result);
-        }
-        errln!(
-            "error: no judge was measured: {} of {} matched a judged check of run {} that its \
-             judge answered; {} was not written\n  help: labels name the scenario, trajectory \
-             and check of the run they were written for (docs/results.md, \"Calibrating \
-             judges\")",
-            result.matched,
-            console::count(result.labels as u64, "label", "labels"),
-            result.run_id,
-            calibration::CALIBRATION_FILE,
-        );
-        return EXIT_INVALID;
-    }
-    let written = trellis_reports::write_json(&path, &result);
+    // Nothing measured (labels written for another run, or a judge that answered none of
+    // them): a pass here would let a wrong run id or labels file through a `--min-kappa`
+    // gate, and a calibration.json of nothing would replace a real one.
+    let measured = !result.judges.is_empty();
+    let written = measured.then(|| trellis_reports::write_json(&path, &result));
     if args.json {
         match trellis_reports::to_json_string(&result) {
             Ok(text) => outln!("{text}"),
@@ -117,13 +97,29 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
         }
     } else {
         print(&result);
-        if written.is_ok() {
+        if let Some(Ok(())) = &written {
             outln!("wrote {}", path.display());
         }
     }
-    if let Err(e) = written {
-        errln!("{:?}", miette::Report::new(e));
-        return EXIT_INCOMPLETE;
+    match written {
+        None => {
+            errln!(
+                "error: no judge was measured: {} of {} matched a judged check of run {} that \
+                 its judge answered; {} was not written\n  help: labels name the scenario, \
+                 trajectory and check of the run they were written for (docs/results.md, \
+                 \"Calibrating judges\")",
+                result.matched,
+                console::count(result.labels as u64, "label", "labels"),
+                result.run_id,
+                calibration::CALIBRATION_FILE,
+            );
+            return EXIT_INVALID;
+        }
+        Some(Err(e)) => {
+            errln!("{:?}", miette::Report::new(e));
+            return EXIT_INCOMPLETE;
+        }
+        Some(Ok(())) => {}
     }
     if result.below_floor.is_empty() {
         EXIT_OK

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use clap_complete::ArgValueCandidates;
-use globset::{Glob, GlobMatcher};
 use trellis_engine::journal::{self, JournalReader};
+use trellis_engine::plan::ScenarioFilter;
 use trellis_engine::record::{
     CriterionStatus, JournalEntry, TrajectoryRecord, TrajectoryStatus, TurnRecord,
 };
@@ -52,22 +52,11 @@ pub struct ShowArgs {
 type NodeKey = (String, String, String, u32, String);
 
 pub fn show(args: ShowArgs) -> u8 {
-    // As `run --filter` selects: an instance's id written out (`amt[e08f465b6641]`) is
-    // matched literally (its `[…]` is no glob class), and an instance is selected by its
-    // scenario's id too.
-    let filters = match args
-        .filter
-        .iter()
-        .filter_map(|g| match Glob::new(g) {
-            Ok(glob) => Some(Ok(glob.compile_matcher())),
-            Err(_) if g.contains('[') && g.ends_with(']') => None,
-            Err(e) => Some(Err(e)),
-        })
-        .collect::<Result<Vec<GlobMatcher>, _>>()
-    {
-        Ok(filters) => filters,
+    // As `run --filter` selects.
+    let filter = match ScenarioFilter::new(&args.filter) {
+        Ok(filter) => filter,
         Err(e) => {
-            errln!("error: --filter: {e}");
+            errln!("{:?}", miette::Report::new(e));
             return EXIT_INVALID;
         }
     };
@@ -103,18 +92,12 @@ pub fn show(args: ShowArgs) -> u8 {
         }
     };
     let selected = |suite: &str, scenario: &str| {
+        // An instance's id is its scenario's, then `[…]`.
         let base = scenario
             .split_once('[')
             .filter(|_| scenario.ends_with(']'))
             .map(|(base, _)| base);
-        let full = format!("{suite}/{scenario}");
-        args.filter.is_empty()
-            || filters.iter().any(|f| {
-                f.is_match(scenario)
-                    || f.is_match(&full)
-                    || base.is_some_and(|b| f.is_match(b) || f.is_match(format!("{suite}/{b}")))
-            })
-            || args.filter.iter().any(|f| *f == scenario || *f == full)
+        filter.selects(suite, scenario, base)
     };
     let mut nodes: HashMap<NodeKey, Vec<Arc<TurnRecord>>> = HashMap::new();
     let (mut shown, mut more) = (0usize, 0usize);

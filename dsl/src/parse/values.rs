@@ -170,10 +170,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
                 ];
                 // Units are written in lower case (`M` is months): `2S` meant `2s`.
                 let lower = unit.to_ascii_lowercase();
-                let short = ["ms", "s", "m", "h", "d", "us", "ns"]
-                    .into_iter()
-                    .find(|short| *short == lower)
-                    .map(|short| format!("did you mean `{short}`? "));
+                let short = NAMES
+                    .iter()
+                    .find(|(_, short)| *short == lower)
+                    .map(|(_, short)| format!("did you mean `{short}`? "));
                 let meant = short
                     .or_else(|| {
                         crate::diagnostics::did_you_mean(
