@@ -5,7 +5,8 @@
 //! kept until the trajectories that went through them arrive (a trajectory is recorded after
 //! its nodes), and each selected trajectory is printed as its record comes: every turn's
 //! message, tool calls, answer, time and fault, then its checks. By default only the
-//! trajectories that did not pass are shown, the first [`DEFAULT_LIMIT`] of them.
+//! trajectories that did not pass are shown, the first [`DEFAULT_LIMIT`] of them; `--all`
+//! shows every trajectory.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,13 +40,13 @@ pub struct ShowArgs {
     /// Only scenarios matching this glob (scenario id or `suite/scenario`); repeatable.
     #[arg(long, value_name = "GLOB")]
     filter: Vec<String>,
-    /// Every trajectory, passed ones too (default: those that failed, errored, were
-    /// skipped or invalid).
+    /// Every trajectory, passed ones too, with no limit unless --limit is given (default:
+    /// those that failed, errored, were skipped or invalid, the first 10).
     #[arg(long)]
     all: bool,
-    /// Show at most this many trajectories.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_LIMIT)]
-    limit: usize,
+    /// Show at most this many trajectories [default: 10, none with --all].
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
 }
 
 /// A node entry's key: suite, scenario, agent, repetition, node id.
@@ -99,6 +100,10 @@ pub fn show(args: ShowArgs) -> u8 {
             .map(|(base, _)| base);
         filter.selects(suite, scenario, base)
     };
+    // `--all` asks for every trajectory: a limit it kept would cut what it promises.
+    let limit = args
+        .limit
+        .unwrap_or(if args.all { usize::MAX } else { DEFAULT_LIMIT });
     let mut nodes: HashMap<NodeKey, Vec<Arc<TurnRecord>>> = HashMap::new();
     let (mut shown, mut more) = (0usize, 0usize);
     // What the run planned, and how it ended: a run stopped early is said to be, or "no
@@ -125,7 +130,7 @@ pub fn show(args: ShowArgs) -> u8 {
                 ended = Some((end.interrupted, end.stopped_by.clone(), end.trajectories));
             }
             // Past the limit only trajectories are counted: their turns are not kept.
-            JournalEntry::Node(n) if shown < args.limit && selected(&n.suite, &n.scenario) => {
+            JournalEntry::Node(n) if shown < limit && selected(&n.suite, &n.scenario) => {
                 nodes
                     .entry((n.suite, n.scenario, n.agent, n.repetition, n.node))
                     .or_default()
@@ -135,7 +140,7 @@ pub fn show(args: ShowArgs) -> u8 {
                 if !args.all && t.status == TrajectoryStatus::Passed {
                     continue;
                 }
-                if shown == args.limit {
+                if shown == limit {
                     more += 1;
                     continue;
                 }

@@ -1569,6 +1569,45 @@ async fn show_prints_the_transcripts_of_what_did_not_pass() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
+/// `show --all` promises every trajectory: the default limit of 10 does not cut it, an
+/// explicit `--limit` still does.
+#[tokio::test]
+async fn show_all_is_not_cut_at_the_default_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut suite = String::from("agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n");
+    for i in 0..12 {
+        suite.push_str(&format!(
+            "scenario \"s{i}\" {{\n    user \"Hi\"\n    expect reply contains=\"help\"\n}}\n"
+        ));
+    }
+    std::fs::write(dir.path().join("s.kdl"), suite).unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "--all"])
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(out.matches("PASSED s/").count(), 12, "{out}");
+    assert!(!out.contains("more trajectories"), "{out}");
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["show", "--all", "--limit", "3"])
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(out.matches("PASSED s/").count(), 3, "{out}");
+    assert!(out.contains("… and 9 more trajectories"), "{out}");
+}
+
 /// A branch of a session-bound agent replays the prefix in a session of its own: `show`
 /// prints that conversation, the prefix once (replayed), not the first branch's prefix
 /// turns and then their replay.
