@@ -307,9 +307,8 @@ fn read_one(
             return Ok(Some((columns, Vec::new())));
         }
     }
-    let mut filter_failed = false;
-    let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
-        let Some(f) = &filter else { return Ok(true) };
+    let (mut filter_failed, mut filter_typed) = (false, false);
+    let eval = |f: &Filter<'_>, fields: &Arc<dataset::Fields>| -> Result<bool, String> {
         let ctx = minijinja::context! { row => dataset::RowObject::value(fields) };
         let result = match f {
             // A text's truth is only whether it is empty: `{{ row.status }}` kept every row
@@ -332,9 +331,21 @@ fn read_one(
                 )),
             }),
         };
-        let result = result
+        result
             .map_err(|e| format!("the filter failed: {}", template_error(&e)))
-            .and_then(|r| r);
+            .and_then(|r| r)
+    };
+    let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
+        let Some(f) = &filter else { return Ok(true) };
+        let result = eval(f, fields).and_then(|kept| {
+            match text_taken_for_number(fields, kept, &|view| eval(f, view)) {
+                Some(why) => {
+                    filter_typed = true;
+                    Err(why)
+                }
+                None => Ok(kept),
+            }
+        });
         filter_failed |= result.is_err();
         result
     };
@@ -361,10 +372,13 @@ fn read_one(
                             span,
                             "for this row",
                         )
-                        .with_help(
+                        .with_help(if filter_typed {
+                            "CSV keeps a field as written when it would not read back the same \
+                             as a number (`1.50`, `007`); a JSON string stays text"
+                        } else {
                             "the filter sees `row` (the row's fields); a column some rows lack \
-                             is an error: test it first, e.g. \"{{ row.x is defined and row.x > 1 }}\"",
-                        ),
+                             is an error: test it first, e.g. \"{{ row.x is defined and row.x > 1 }}\""
+                        }),
                     ));
                 }
                 dataset::ReadError::Row { .. } => (
@@ -387,6 +401,69 @@ fn read_one(
             ))
         }
     }
+}
+
+/// Why a filter's verdict on a row is one of types, not of values: a field that holds a
+/// number as text (CSV keeps `1.50` and `007` as written) compared with a number is never
+/// equal to it and orders after every number, so `row.price > 10` keeps `"1.50"`
+/// silently. Told by evaluating the row again: with those fields as numbers, and with them
+/// as other text; a verdict that changes with the type but not with the text is one the
+/// text's value never entered (a comparison of the text itself, `row.zip == '02134'`,
+/// changes with the text, and stands).
+fn text_taken_for_number(
+    fields: &Arc<dataset::Fields>,
+    kept: bool,
+    eval: &dyn Fn(&Arc<dataset::Fields>) -> Result<bool, String>,
+) -> Option<String> {
+    let as_number = |text: &str| -> Option<Value> {
+        let text = text.trim();
+        if let Ok(n) = text.parse::<i64>() {
+            return Some(Value::from(n));
+        }
+        // `inf` and `NaN` parse as floats and are no one's number.
+        let n = text.parse::<f64>().ok().filter(|n| n.is_finite())?;
+        serde_json::Number::from_f64(n).map(Value::Number)
+    };
+    let numeric: Vec<(&String, &str, Value)> = fields
+        .iter()
+        .filter_map(|(k, v)| {
+            let text = v.as_str()?;
+            Some((k, text, as_number(text)?))
+        })
+        .collect();
+    if numeric.is_empty() {
+        return None;
+    }
+    let view = |which: &dyn Fn(&str) -> bool, text: bool| {
+        let mut view = (**fields).clone();
+        for (k, _, n) in &numeric {
+            if which(k) {
+                // A text no column holds and no filter names.
+                let value = if text {
+                    Value::from("\u{0}")
+                } else {
+                    n.clone()
+                };
+                view.insert((*k).clone(), value);
+            }
+        }
+        Arc::new(view)
+    };
+    if eval(&view(&|_| true, false)).ok() == Some(kept)
+        || eval(&view(&|_| true, true)).ok() != Some(kept)
+    {
+        return None;
+    }
+    let (column, text, _) = numeric
+        .iter()
+        .find(|(k, _, _)| eval(&view(&|c| c == k.as_str(), false)).ok() != Some(kept))
+        .unwrap_or(&numeric[0]);
+    Some(format!(
+        "the filter compares `{column}`, the text `{text}`, with a number: a text is never \
+         equal to a number and orders after every one, so the row was {} by type, not by \
+         value; compare it as a number (`row.{column} | float`) or as text (`'{text}'`)",
+        if kept { "kept" } else { "dropped" }
+    ))
 }
 
 /// What a file of `path`'s format must hold, for one that does not read as it.

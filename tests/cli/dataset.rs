@@ -2737,3 +2737,61 @@ async fn a_filter_that_gives_text_is_an_error_not_a_truth() {
     );
     assert!(!listed.contains("s[b]"), "{listed}");
 }
+
+/// A CSV field that would not read back the same as a number stays text (`1.50`), and a
+/// text compared with a number orders after every one: `row.price > 10` kept it silently.
+/// A verdict that turns on the field's type, not its value, is an error naming the row
+/// and the column; comparing the text itself (`row.zip == '02134'`) stands, and so does
+/// the comparison made as numbers.
+#[tokio::test]
+async fn a_filter_comparing_a_number_kept_as_text_with_a_number_is_an_error() {
+    let data: &[(&str, &[u8])] = &[(
+        "data/d.csv",
+        b"id,price,zip\na,1.50,02134\nb,12.5,10001\nc,30.00,02139\n",
+    )];
+    let suite = |filter: &str| {
+        format!(
+            "{AGENT}dataset \"d\" path=\"data/d.csv\" filter=\"{filter}\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi\"\n    \
+             expect no-error\n}}\n"
+        )
+    };
+    let dir = project(&suite("{{ row.price > 10 }}"), data);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("the filter compares `price`, the text `1.50`, with a number"),
+        "{err}"
+    );
+    assert!(err.contains("row 1"), "{err}");
+    assert!(err.contains("compare it as a number (`row.price"), "{err}");
+
+    for (filter, kept) in [
+        ("{{ row.price | float > 10 }}", &["s[b]", "s[c]"][..]),
+        ("{{ row.zip == '02134' }}", &["s[a]"][..]),
+        ("{{ row.id != 'b' }}", &["s[a]", "s[c]"][..]),
+    ] {
+        let dir = project(&suite(filter), data);
+        let o = trellis()
+            .arg("list")
+            .arg(dir.path().join("suite.kdl"))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{filter}: {}", stderr(&o));
+        let listed = stdout(&o);
+        for id in ["s[a]", "s[b]", "s[c]"] {
+            assert_eq!(
+                listed.contains(id),
+                kept.contains(&id),
+                "{filter}: {listed}"
+            );
+        }
+    }
+}
