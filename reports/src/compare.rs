@@ -770,6 +770,15 @@ pub fn compare(
                     &thresholds,
                 );
                 skipped_in_head(&suite, &scenario, &agent, &mut rate);
+                // Missing from a head run that stopped before its end: not reached, not
+                // removed (as its branch).
+                if head_incomplete.is_some()
+                    && h.is_none()
+                    && b.is_some_and(|b| b.ran() > 0)
+                    && rate.verdict == Verdict::Removed
+                {
+                    rate.verdict = Verdict::NotRun;
+                }
                 // A fidelity check rates the simulated user, not the agent: one its judge
                 // could not answer says nothing of the agent (docs/simulator.md).
                 let of_the_agent = h.is_none_or(|c| c.kind != trellis_records::FIDELITY_KIND);

@@ -1315,6 +1315,19 @@ async fn a_branch_a_stopped_head_run_did_not_reach_is_not_run_not_removed() {
         .find(|b| b["trajectory"] == "second")
         .unwrap();
     assert_eq!(second["rate"]["verdict"], "not_run", "{second}");
+    // And its checks: not listed as "taken out, or its text edited".
+    let checks: Vec<&serde_json::Value> = c["criteria"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["trajectory"] == "second")
+        .collect();
+    assert!(!checks.is_empty(), "{c}");
+    for check in checks {
+        assert_eq!(check["rate"]["verdict"], "not_run", "{check}");
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert!(!stdout(&o).contains("taken out"), "{}", stdout(&o));
     // The run's pass rate is that of what happened to finish: not compared.
     let rate = c["metrics"]
         .as_array()
