@@ -1098,8 +1098,9 @@ fn criterion_key(c: &crate::stats::CriterionStats) -> CriterionKey {
     )
 }
 
-/// A check a trajectory never reached (a fault stopped it first) is recorded without a turn,
-/// having none: one that the other run checked on its turns is that same check, not one
+/// A check a trajectory never reached (a fault stopped it first) behind a step whose number
+/// of turns only its run knows (`simulate`) is recorded without a turn: one that the other
+/// run checked on its turns is that same check, not one
 /// "removed" beside another "added". Each such turnless entry that never ran is given as the
 /// other side of the same check's entries on turns (same branch, agent and text) that only
 /// the other run has, and is then not listed on its own.

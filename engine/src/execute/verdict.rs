@@ -68,9 +68,10 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
 /// An `expect` check a stop left unreached.
 pub(super) struct Unreached<'a> {
     pub criterion: &'a PlannedCriterion,
-    /// In the `expect` steps right after the step that stopped the path: a check of the turn
-    /// that step took (or failed to take).
-    pub on_stopped_turn: bool,
+    /// How many turns after the one the stop took (or failed to take) its `expect` comes:
+    /// 0 for a check of that turn; `None` past a step that takes a number of turns only
+    /// its run knows (`simulate`, `attack`, `hitl`).
+    pub turns_later: Option<u32>,
 }
 
 /// Why a path stopped before its last step.
@@ -171,8 +172,9 @@ impl Unit<'_> {
         if let Some(why) = &not_checked {
             criteria.extend(unreached.into_iter().map(|u| {
                 let c = &u.criterion.criterion;
+                let on_stopped_turn = u.turns_later == Some(0);
                 match &fault {
-                    Some(f) if u.on_stopped_turn && matches!(c.kind, CriterionKind::NoError) => {
+                    Some(f) if on_stopped_turn && matches!(c.kind, CriterionKind::NoError) => {
                         CriterionRecord {
                             turn_index: faulted_turn.map(|t| t.turn_index),
                             criterion: c.text.clone(),
@@ -182,12 +184,16 @@ impl Unit<'_> {
                             judge: None,
                         }
                     }
-                    // A check of the turn the fault stopped names that turn, whose row is
-                    // in the tables: only the steps after it were never reached.
+                    // A check of the turn the stop took names that turn, whose row is in
+                    // the tables; one of a later step the turn it would have checked (no
+                    // row has it), so a check keeps one key from run to run whether it was
+                    // reached or not, apart from a trajectory-level check of the same text.
                     _ => CriterionRecord {
-                        turn_index: faulted_turn
-                            .filter(|_| u.on_stopped_turn && fault.is_some())
-                            .map(|t| t.turn_index),
+                        turn_index: u.turns_later.and_then(|later| {
+                            let stopped =
+                                state.turns.last().map_or(-1, |t| i64::from(t.turn_index));
+                            u32::try_from(stopped + i64::from(later)).ok()
+                        }),
                         criterion: c.text.clone(),
                         kind: c.kind.name().to_string(),
                         status: CriterionStatus::Skipped,

@@ -674,21 +674,28 @@ impl<'a> Unit<'a> {
         let mut unreached = Vec::new();
         let mut current = node;
         let mut steps = current.steps.get(from..).unwrap_or_default();
-        // The `expect`s right after the step that stopped the path check the turn it took.
-        let mut next_to_stop = true;
+        // Turns the steps since the stop would have taken: an `expect` checks the last of
+        // them (none: the turn the stop took). Unknown past a step that takes a number of
+        // turns only its run knows.
+        let mut turns_later = Some(0u32);
         loop {
             for step in steps {
                 match step {
                     PlannedStep::Expect(checks) => {
                         unreached.extend(checks.iter().map(|criterion| Unreached {
                             criterion,
-                            on_stopped_turn: next_to_stop,
+                            turns_later,
                         }));
                     }
-                    _ => next_to_stop = false,
+                    PlannedStep::Opening | PlannedStep::User(_) | PlannedStep::Call { .. } => {
+                        turns_later = turns_later.map(|n| n.saturating_add(1));
+                    }
+                    PlannedStep::Capture { .. } => {}
+                    PlannedStep::Simulate { .. }
+                    | PlannedStep::Attack(_)
+                    | PlannedStep::Hitl { .. } => turns_later = None,
                 }
             }
-            next_to_stop = false;
             let below = current
                 .children
                 .iter()
