@@ -572,12 +572,21 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         }
         // As `run --baseline`: the comparison decides.
         Some(base) => match super::run::compare_with(base, &out, None, &args.thresholds) {
-            Ok(c) => {
+            Ok(super::run::Compared {
+                comparison: c,
+                written,
+            }) => {
                 if !json {
                     outln!("");
                     super::history::print_comparison(&c);
                 }
-                let exit = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                let exit = if !written {
+                    EXIT_INCOMPLETE
+                } else if c.regressed {
+                    EXIT_FAILED
+                } else {
+                    EXIT_OK
+                };
                 comparison = Some(c);
                 exit
             }

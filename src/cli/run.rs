@@ -274,7 +274,10 @@ pub fn run(args: RunArgs) -> u8 {
                     && matches!(code, EXIT_OK | EXIT_FAILED)
                 {
                     code = match compare_with(base, dir, None, &args.thresholds) {
-                        Ok(c) => {
+                        Ok(Compared {
+                            comparison: c,
+                            written,
+                        }) => {
                             // `report.html` links the comparison `compare.json` now holds.
                             if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(dir)
                                 && meta.compared_with.as_deref() != Some(base.label())
@@ -295,7 +298,13 @@ pub fn run(args: RunArgs) -> u8 {
                                 outln!("");
                                 history::print_comparison(&c);
                             }
-                            let code = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                            let code = if !written {
+                                EXIT_INCOMPLETE
+                            } else if c.regressed {
+                                EXIT_FAILED
+                            } else {
+                                EXIT_OK
+                            };
                             comparison = Some(c);
                             code
                         }
@@ -495,14 +504,23 @@ pub fn run(args: RunArgs) -> u8 {
     let mut comparison = None;
     if let Some(base) = &baseline {
         match compare_with(base, &out, outcome.stats.as_ref(), &args.thresholds) {
-            Ok(c) => {
+            Ok(Compared {
+                comparison: c,
+                written,
+            }) => {
                 if !json {
                     outln!("");
                     history::print_comparison(&c);
                 }
                 // The comparison decides, unless the run itself did not finish its work.
                 if matches!(exit_code, EXIT_OK | EXIT_FAILED) {
-                    exit_code = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                    exit_code = if !written {
+                        EXIT_INCOMPLETE
+                    } else if c.regressed {
+                        EXIT_FAILED
+                    } else {
+                        EXIT_OK
+                    };
                 }
                 comparison = Some(c);
             }
@@ -768,7 +786,7 @@ pub(super) fn compare_with(
     out: &Path,
     head_stats: Option<&trellis_reports::stats::RunStats>,
     thresholds: &history::ThresholdArgs,
-) -> Result<trellis_reports::compare::Comparison, String> {
+) -> Result<Compared, String> {
     let head = trellis_reports::history::read_run(out).map_err(|e| e.to_string())?;
     let base_stats = trellis_reports::history::run_stats(&base.dir)
         .map_err(|e| format!("{e}: {}", source(&e)))?;
@@ -786,22 +804,39 @@ pub(super) fn compare_with(
         history::untrusted_judges(&[&base.dir, out])?,
         history::turn_latencies(&base.dir, out).as_ref(),
     );
+    // Each is a results file: one not written makes the run's results incomplete (exit 3),
+    // whatever the gate's verdict, and the others are still written.
+    let mut written = true;
+    let mut failed = |e: &dyn std::error::Error| {
+        errln!("error: {e}: {}", source(e));
+        written = false;
+    };
     let path = out.join(trellis_reports::COMPARE_FILE);
     if let Err(e) = trellis_reports::write_json(&path, &comparison) {
-        errln!("warning: {e}: {}", source(&e));
+        failed(&e);
     }
     if let Err(e) = trellis_reports::add_gate_to_junit(out, base.label(), &comparison) {
-        errln!("warning: {e}: {}", source(&e));
+        failed(&e);
     }
     if let Err(e) = trellis_reports::add_gate_to_report(out, base.label(), &comparison) {
-        errln!("warning: {e}: {}", source(&e));
+        failed(&e);
     }
     let page = trellis_reports::ComparePage::from(&comparison);
     let path = out.join(trellis_reports::COMPARE_HTML_FILE);
     if let Err(e) = trellis_reports::write_compare(&path, &page) {
-        errln!("warning: {e}: {}", source(&e));
+        failed(&e);
     }
-    Ok(comparison)
+    Ok(Compared {
+        comparison,
+        written,
+    })
+}
+
+/// A comparison with the baseline, and whether every file that records it was written.
+pub(super) struct Compared {
+    pub comparison: trellis_reports::compare::Comparison,
+    /// `compare.json`, `compare.html` and the gate in `junit.xml` and `report.html`.
+    pub written: bool,
 }
 
 /// A comparison that could not be made is not linked by a report rebuilt later

@@ -1400,3 +1400,42 @@ async fn the_filter_count_of_a_page_that_lists_part_of_a_run_says_listed() {
         );
     });
 }
+
+/// `compare.json` is a results file of `run --baseline`: one that cannot be written makes
+/// the results incomplete (exit 3, said as an error), whatever the gate's verdict, and the
+/// comparison's other files are still written.
+#[tokio::test]
+async fn a_comparison_that_cannot_be_written_is_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "-q", "--out"])
+        .arg(&base)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let head = dir.path().join("head");
+    std::fs::create_dir(&head).unwrap();
+    std::os::unix::fs::symlink("/dev/full", head.join("compare.json.partial")).unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "-q", "--out"])
+        .arg(&head)
+        .arg("--baseline")
+        .arg(&base)
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("error:") && err.contains("compare.json"),
+        "{err}"
+    );
+    assert!(head.join("compare.html").is_file());
+    assert!(
+        std::fs::read_to_string(head.join("junit.xml"))
+            .unwrap()
+            .contains("trellis gate")
+    );
+}
