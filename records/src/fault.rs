@@ -11,6 +11,11 @@ pub struct Fault {
     /// out (`with_retries` in engine/src/transport/http.rs); never recorded.
     #[serde(skip)]
     pub rate_limited: Option<RateLimited>,
+    /// Set only on the fault of an HTTP 5xx answer with a `Retry-After` (a 503 of a
+    /// server restarting says when it is back): a retry waits at least that long; never
+    /// recorded.
+    #[serde(skip)]
+    pub back_after: Option<std::time::Duration>,
 }
 
 /// An HTTP 429 answer: the server did not take the request, and asks to be called again
@@ -27,6 +32,7 @@ impl Fault {
             category,
             message: message.into(),
             rate_limited: None,
+            back_after: None,
         }
     }
 }

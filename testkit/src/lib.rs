@@ -90,6 +90,9 @@ pub enum Behavior {
         retry_after: Option<String>,
         body: String,
     },
+    /// Answer the first `times` requests with HTTP 503 and `Retry-After: retry_after`, the
+    /// later ones with a 200 and [`OK_BODY`]: a server restarting that says when it is back.
+    Unavailable { times: usize, retry_after: String },
 }
 
 /// One request as received.
@@ -473,6 +476,17 @@ async fn serve_connection(
                     );
                     stream.write_all(head.as_bytes()).await?;
                     stream.write_all(body.as_bytes()).await?;
+                } else {
+                    write_response(&mut stream, 200, OK_BODY).await?;
+                }
+            }
+            Behavior::Unavailable { times, retry_after } => {
+                if n < *times {
+                    let head = format!(
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\
+                         retry-after: {retry_after}\r\ncontent-length: 10\r\n\r\nrestarting"
+                    );
+                    stream.write_all(head.as_bytes()).await?;
                 } else {
                     write_response(&mut stream, 200, OK_BODY).await?;
                 }

@@ -87,6 +87,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
                     category: trellis_engine::record::FaultCategory::Timeout,
                     message: "no answer within 1s".into(),
                     rate_limited: None,
+                    back_after: None,
                 }),
                 ..TurnRecord::default()
             })],
@@ -128,6 +129,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
                 category: trellis_engine::record::FaultCategory::Timeout,
                 message: "no answer within 1s".into(),
                 rate_limited: None,
+                back_after: None,
             }),
             skip_reason: None,
             criteria: vec![CriterionRecord {

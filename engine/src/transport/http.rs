@@ -913,10 +913,13 @@ pub(crate) fn status_fault_with(
     body: &[u8],
 ) -> Fault {
     let mut fault = described_status(status, headers, body);
+    let asked = || headers.and_then(|h| retry_after(h, std::time::SystemTime::now()));
     if status == StatusCode::TOO_MANY_REQUESTS {
         fault.rate_limited = Some(RateLimited {
-            retry_after: headers.and_then(|h| retry_after(h, std::time::SystemTime::now())),
+            retry_after: asked(),
         });
+    } else if status.is_server_error() {
+        fault.back_after = asked();
     }
     fault
 }
@@ -1368,12 +1371,17 @@ where
             }
             break Attempted { result, attempts };
         }
-        let Some(delay) = backoff.next() else {
+        let Some(mut delay) = backoff.next() else {
             if n > 1 {
                 fault.message.push_str(&format!(" (after {n} attempts)"));
             }
             break Attempted { result, attempts };
         };
+        // A 503's `Retry-After` says when the server is back: a retry before then meets
+        // the same outage and spends itself for nothing.
+        if let Some(asked) = fault.back_after.take() {
+            delay = delay.max(asked.min(MAX_SINGLE_RATE_LIMIT_WAIT));
+        }
         if let Some(deadline) = deadline
             && Instant::now() + delay >= deadline
         {

@@ -259,6 +259,27 @@ async fn a_rate_limited_agent_is_waited_out_without_spending_a_retry() {
     assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
+/// A 503 that says when the server is back (`Retry-After`) is retried then, not at the
+/// backoff's 0.1 s, which would spend the retry inside the outage.
+#[tokio::test]
+async fn a_retry_of_a_503_waits_for_its_retry_after() {
+    let server = MisbehavingServer::start(Behavior::Unavailable {
+        times: 1,
+        retry_after: "1".into(),
+    })
+    .await;
+    let started = Instant::now();
+    let outcome = call(&server.url(), 1, limits(SHORT)).await;
+    let turn = outcome.result.expect("the answer after the wait");
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(outcome.attempts, 2);
+    assert!(
+        started.elapsed() >= Duration::from_millis(950),
+        "retried after {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_rate_limit_past_the_trajectory_deadline_is_the_agents_429() {
     let server = MisbehavingServer::start(Behavior::RateLimited {
