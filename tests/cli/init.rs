@@ -541,3 +541,81 @@ async fn the_workflows_first_build_pins_its_baseline_and_the_gate_compares_with_
         "{runs}"
     );
 }
+
+/// The workflow installs one trellis commit per build and caches the binary under it, so
+/// a newer trellis is installed (and cached) once it exists, instead of a stale cache hit
+/// rebuilt on every build; on the default branch a build that passes the gate becomes the
+/// baseline; and the runs kept are the baseline, this run and the last few (the history
+/// the latency rule reads), run as GitHub runs the step.
+#[tokio::test]
+async fn the_workflow_pins_its_trellis_moves_its_baseline_and_keeps_recent_runs() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("evals");
+    let init = ["init", dir.to_str().unwrap(), "--protocol", "connexity"];
+    let out = trellis_in(root.path(), &init).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let workflow = read(&dir.join(".github/workflows/trellis.yml"));
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&workflow).unwrap();
+    let steps = yaml["jobs"]["evals"]["steps"].as_sequence().unwrap();
+    let named = |name: &str| {
+        steps
+            .iter()
+            .find(|s| s["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no step {name}"))
+    };
+    assert_eq!(
+        named("Cache the trellis binary")["with"]["key"].as_str(),
+        Some("trellis-bin-${{ runner.os }}-${{ steps.trellis.outputs.rev }}")
+    );
+    assert!(
+        named("Install trellis")["run"]
+            .as_str()
+            .unwrap()
+            .contains("--rev \"${{ steps.trellis.outputs.rev }}\"")
+    );
+    let moved = named("Make this run the baseline");
+    assert_eq!(moved["run"].as_str(), Some("trellis runs pin \"$RUN_DIR\""));
+    let when = moved["if"].as_str().unwrap();
+    assert!(
+        when.starts_with("success() && github.event_name == 'push'")
+            && when.contains("default_branch"),
+        "{when}"
+    );
+
+    // Seven runs, the second pinned; the sixth is this build's.
+    let mut made = Vec::new();
+    for i in 0..7 {
+        let name = format!("runs/r{i}");
+        let o = trellis_in(&dir, &["run", "--out", &name, "-q"]).await;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        made.push(name);
+    }
+    let o = trellis_in(&dir, &["runs", "pin", "runs/r1"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let script = named("Keep the baseline, this run and the last few")["run"]
+        .as_str()
+        .unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_trellis")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // The step needs jq, as GitHub's runners have it: missing here, the test fails.
+    let o = tokio::process::Command::new("bash")
+        .current_dir(&dir)
+        .env("PATH", path)
+        .env("RUN_DIR", "runs/r5")
+        .args(["-euo", "pipefail", "-c", script])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut left: Vec<String> = std::fs::read_dir(dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('r'))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["r1", "r3", "r4", "r5", "r6"], "{}", stderr(&o));
+}
