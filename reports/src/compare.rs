@@ -11,7 +11,7 @@
 //! `alpha`): one slow turn moves the mean of an unchanged agent (an identical run then
 //! "regressed"), never the ranks of all its turns. Runs whose per-turn latencies cannot be
 //! read, or too few turns for the test ever to reach `alpha`, are judged on the thresholds
-//! alone. A machine that is busier during one run slows every turn of it, which the rank
+//! (and the earlier runs' spread below) alone. A machine that is busier during one run slows every turn of it, which the rank
 //! test cannot tell from a slower agent; so when at least [`SPREAD_RUNS`] earlier whole runs
 //! of the same suites are known ([`TurnLatencies::earlier_means`]), a latency regression
 //! also needs the head run's mean to exceed the slowest of them by `latency_noise_ms`:
@@ -1473,7 +1473,25 @@ pub fn judge_latency(
     });
     let Some(samples) = samples else {
         let untested = "too few turns to test, judged on the thresholds alone";
-        return if past(base_mean, mean_change) {
+        // The earlier runs' spread holds as when the turns are tested: a machine busier
+        // during the head run slows its one turn as it would many.
+        let spread = latencies.and_then(|l| Some((l, within_spread(head_mean, l, t)?)));
+        return if past(base_mean, mean_change)
+            && let Some((l, (slowest, run))) = spread
+        {
+            let run = run.map(|r| format!(", run {r}")).unwrap_or_default();
+            judged(
+                Verdict::Noise,
+                None,
+                Some(format!(
+                    "{mean_said}; too few turns to test, and no slower than the slowest of {} \
+                     earlier runs ({slowest:.0} ms{run}) by more than {:.0} ms (a busier \
+                     machine looks the same)",
+                    l.earlier_means.len(),
+                    t.latency_noise_ms
+                )),
+            )
+        } else if past(base_mean, mean_change) {
             judged(
                 Verdict::Regressed,
                 None,
@@ -2525,6 +2543,19 @@ mod tests {
         // Two earlier runs are too few to know the spread.
         assert_eq!(
             judge_with_history(&base, &busy, &[18.0, 54.0]).0,
+            Verdict::Regressed
+        );
+        // Too few turns to test (one against three) is judged on the thresholds, and by the
+        // earlier runs' spread as well: a one-turn agent as slow as earlier runs were is
+        // noise, twice as slow as any of them regressed.
+        let (one, three) = (&[31.5][..], &[15.0, 1.2, 1.2][..]);
+        assert_eq!(judge(three, one).0, Verdict::Regressed);
+        assert_eq!(
+            judge_with_history(three, one, &[30.5, 33.9, 5.8]).0,
+            Verdict::Noise
+        );
+        assert_eq!(
+            judge_with_history(three, &[70.0], &[30.5, 33.9, 5.8]).0,
             Verdict::Regressed
         );
         // A 50 ms agent twice as slow, after runs that all took about 50 ms: regressed.
