@@ -201,6 +201,26 @@ pub struct RunSummary {
     /// deaths show.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub requests_resent: std::collections::BTreeMap<String, u64>,
+    /// Agent calls still unanswered when the stop's grace period ran out (or a second
+    /// signal came): dropped with their trajectories, which are not in the records. What
+    /// a person who stopped a run because an agent hung needs to know: which one, where.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abandoned: Vec<AbandonedCall>,
+}
+
+/// An agent call a stop dropped unanswered ([`RunSummary::abandoned`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AbandonedCall {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    pub repetition: u32,
+    /// The turn it would have been (the trajectory's turns before it were answered).
+    pub turn_index: u32,
+    /// What was sent: the user message (its first 200 characters), or the step's kind.
+    pub input: String,
+    /// How long it had been waiting for the agent when it was dropped.
+    pub waited_ms: f64,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -27,7 +27,8 @@ mod turn;
 pub use chat::{ChatMessage, ToolCall, ToolCallFunction};
 pub use fault::{Fault, FaultCategory, RateLimited};
 pub use journal::{
-    AgentRecord, InstanceInfo, JournalEntry, NodeKey, NodeRecord, RunInfo, RunSummary, ScenarioInfo,
+    AbandonedCall, AgentRecord, InstanceInfo, JournalEntry, NodeKey, NodeRecord, RunInfo,
+    RunSummary, ScenarioInfo,
 };
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};

@@ -1155,6 +1155,11 @@ impl Console {
         for (command, n) in summary.iter().flat_map(|s| &s.requests_resent) {
             outln!("{}", resent_notice(command, *n));
         }
+        if let Some(s) = summary
+            && !s.abandoned.is_empty()
+        {
+            print_abandoned(&s.abandoned);
+        }
         outln!("results: {}", out.display());
         // Tables by name (they sit next to each other); the files people open by full path.
         let shown = |path: &Path, full: bool| {
@@ -1578,6 +1583,53 @@ pub(super) fn untrusted_under<'t>(text: &'t str, indent: &str) -> std::borrow::C
         out.push_str(line);
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// The agent calls a stop dropped unanswered, longest waiting first: what hung, where.
+pub(super) fn print_abandoned(calls: &[trellis_engine::record::AbandonedCall]) {
+    const SHOWN: usize = 10;
+    outln!(
+        "{}",
+        if calls.len() == 1 {
+            "1 agent call unanswered when the run stopped (dropped with its trajectory, which \
+             is not recorded):"
+                .to_owned()
+        } else {
+            format!(
+                "{} agent calls unanswered when the run stopped (dropped with their \
+                 trajectories, which are not recorded):",
+                calls.len()
+            )
+        }
+    );
+    for c in calls.iter().take(SHOWN) {
+        outln!(
+            "  {}/{} [{} #{}] turn {} ({}), waiting {:.1}s",
+            c.suite,
+            c.scenario,
+            c.agent,
+            c.repetition,
+            c.turn_index,
+            quoted_start(&c.input),
+            c.waited_ms / 1000.0
+        );
+    }
+    if calls.len() > SHOWN {
+        outln!(
+            "  … and {} more (the journal's run_finished.abandoned)",
+            calls.len() - SHOWN
+        );
+    }
+}
+
+/// A message's start on one line, quoted: its first 60 characters.
+fn quoted_start(text: &str) -> String {
+    let mut words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some((cut, _)) = words.char_indices().nth(60) {
+        words.truncate(cut);
+        words.push('…');
+    }
+    format!("{words:?}")
 }
 
 #[cfg(test)]

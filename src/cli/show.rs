@@ -110,6 +110,7 @@ pub fn show(args: ShowArgs) -> u8 {
     // trajectories that did not pass" read as all passed.
     let mut planned: Option<u64> = None;
     let mut ended: Option<(bool, Option<String>, u64)> = None;
+    let mut abandoned = Vec::new();
     loop {
         let entry = match journal.next_entry() {
             Ok(Some(entry)) => entry,
@@ -128,6 +129,7 @@ pub fn show(args: ShowArgs) -> u8 {
             }
             JournalEntry::RunFinished(end) => {
                 ended = Some((end.interrupted, end.stopped_by.clone(), end.trajectories));
+                abandoned = end.abandoned;
             }
             // Past the limit only trajectories are counted: their turns are not kept.
             JournalEntry::Node(n) if shown < limit && selected(&n.suite, &n.scenario) => {
@@ -171,6 +173,9 @@ pub fn show(args: ShowArgs) -> u8 {
             super::console::shell_word(&dir)
         ),
         _ => {}
+    }
+    if !abandoned.is_empty() {
+        super::console::print_abandoned(&abandoned);
     }
     match (shown, more) {
         (0, 0) => outln!("no {what} in {}", dir.display()),

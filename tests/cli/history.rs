@@ -164,6 +164,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         interrupted: false,
         connections_redone: Default::default(),
         requests_resent: Default::default(),
+        abandoned: Vec::new(),
         turns: samples.len() as u64,
     }));
     let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();

@@ -431,6 +431,18 @@ async fn a_second_signal_stops_at_once() {
         signalled.elapsed()
     );
     assert_complete(&out, 0);
+    // What hung, and where: the call dropped unanswered, on the console and in `show`.
+    let mut said = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stdout.take().unwrap(), &mut said)
+        .await
+        .unwrap();
+    let hung = "suite/stuck [stuck-agent #0] turn 0 (\"hi\"), waiting ";
+    assert!(
+        said.contains("1 agent call unanswered when the run stopped") && said.contains(hung),
+        "{said}"
+    );
+    let o = trellis().arg("show").arg(&out).output().await.unwrap();
+    assert!(stdout(&o).contains(hung), "{}", stdout(&o));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

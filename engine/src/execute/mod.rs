@@ -268,6 +268,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         abandon: options.abandon.clone(),
         grace_end: options.grace_end.clone(),
         cut_short: std::sync::atomic::AtomicBool::new(false),
+        abandoned: Default::default(),
         strict: options.strict,
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
@@ -438,6 +439,15 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
             .map(|(address, n)| (address.to_string(), n))
             .collect(),
         requests_resent: resent.since(&resent_before),
+        abandoned: {
+            let mut calls = shared
+                .abandoned
+                .lock()
+                .map(|mut calls| std::mem::take(&mut *calls))
+                .unwrap_or_default();
+            calls.sort_by(|a, b| b.waited_ms.total_cmp(&a.waited_ms));
+            calls
+        },
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
     drop_aside(shared);
@@ -535,6 +545,8 @@ struct Shared {
     /// a check not judged. What `run_finished.interrupted` says; a stop that came when
     /// everything was done (calls in flight all answered) cut nothing.
     cut_short: std::sync::atomic::AtomicBool,
+    /// Agent calls dropped unanswered at [`RunOptions::abandon`] (`turn::InFlight`).
+    abandoned: std::sync::Mutex<Vec<crate::record::AbandonedCall>>,
     strict: bool,
     run_id: String,
     reuse: Option<Arc<TurnMemo>>,

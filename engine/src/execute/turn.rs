@@ -169,6 +169,13 @@ impl Unit<'_> {
                 shared.spans_from_every_agent || self.agent_spans(),
             );
         }
+        // Dropped with the call when the run abandons it: said in the run's end.
+        let in_flight = InFlight {
+            unit: self,
+            turn_index,
+            input: &input,
+            started,
+        };
         let mut turn = match for_turn {
             Ok(_) => match droppable_while_rate_limited(
                 Arc::clone(shared) as Arc<dyn RunStop>,
@@ -187,6 +194,7 @@ impl Unit<'_> {
             // Nothing is sent with a header or a system prompt that could not be rendered.
             Err(fault) => Turn::failed(fault),
         };
+        std::mem::forget(in_flight);
         if turn.unsent {
             return None;
         }
@@ -375,5 +383,42 @@ fn record(
         trace_id: None,
         span_id: None,
         spans: Vec::new(),
+    }
+}
+
+/// A turn's agent call under way: dropped before it is answered (the run's calls abandoned
+/// at the end of a stop's grace period), it notes which call that was for the run's end,
+/// so a person who stopped a run because an agent hung reads which one. Answered, it is
+/// forgotten, costing the turn nothing.
+struct InFlight<'u, 'a> {
+    unit: &'u Unit<'a>,
+    turn_index: u32,
+    input: &'u TurnInput<'u>,
+    started: Instant,
+}
+
+impl Drop for InFlight<'_, '_> {
+    fn drop(&mut self) {
+        let shared = &self.unit.shared;
+        if !shared.abandon.is_cancelled() {
+            return;
+        }
+        let input = match self.input {
+            TurnInput::User(text) => text.chars().take(200).collect(),
+            TurnInput::Call { function, .. } => format!("call {function}"),
+            other => other.kind().to_owned(),
+        };
+        let call = crate::record::AbandonedCall {
+            suite: self.unit.scenario.suite.to_string(),
+            scenario: self.unit.scenario.scenario.id.value.clone(),
+            agent: self.unit.agent_id().to_owned(),
+            repetition: self.unit.repetition,
+            turn_index: self.turn_index,
+            input,
+            waited_ms: ms(self.started.elapsed()),
+        };
+        if let Ok(mut calls) = shared.abandoned.lock() {
+            calls.push(call);
+        }
     }
 }

@@ -334,6 +334,7 @@ pub fn summary() -> RunSummary {
         interrupted: false,
         connections_redone: Default::default(),
         requests_resent: Default::default(),
+        abandoned: Vec::new(),
         turns: 13,
     }
 }
