@@ -587,6 +587,86 @@ fn lone_branches(steps: &[Step], files: &[SourceFile], out: &mut Vec<Diagnostic>
     }
 }
 
+/// A scenario, or a path through its branches, with no step that calls the agent (no
+/// `user`, `call`, `simulate` or `attack`, the agent does not speak first and no `history`
+/// may end with a user message): `run`
+/// records its trajectories as skipped ("the agent was never called"), which `check`
+/// said nothing of.
+fn never_calls_the_agent(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    // A `history` ending with a user message makes that message the first turn.
+    if sc.first_turn == FirstTurn::Agent || sc.history.is_some() {
+        return;
+    }
+    let Some(path) = silent_path(&[&sc.steps]) else {
+        return;
+    };
+    let (on, span, label) = match path.last() {
+        Some(last) => (
+            format!(
+                " on branch `{}`",
+                path.iter()
+                    .map(|b| b.value.as_str())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
+            last.span,
+            "no agent turn on this path",
+        ),
+        None => (String::new(), sc.id.span, "no agent turn"),
+    };
+    out.push(
+        Diagnostic::at_span(
+            Kind::NotRunnable,
+            format!(
+                "scenario `{}` never calls the agent{on}: no `user`, `call`, `simulate` or \
+                 `attack` step, so {} skipped",
+                sc.instance.as_ref().map_or(&sc.id.value, |i| &i.base),
+                if path.is_empty() {
+                    "its trajectories are"
+                } else {
+                    "that trajectory is"
+                }
+            ),
+            files,
+            span,
+            label,
+        )
+        .with_help(
+            "add the message the agent answers (`user \"…\"`), or `first-turn \"agent\"` \
+             when the agent speaks first",
+        ),
+    );
+}
+
+/// The branches to a trajectory none of whose steps (`parts`, in order) takes a turn;
+/// `None` when every path takes one.
+fn silent_path<'a>(parts: &[&'a [Step]]) -> Option<Vec<&'a Spanned<String>>> {
+    for (p, part) in parts.iter().enumerate() {
+        for (i, step) in part.iter().enumerate() {
+            match &step.kind {
+                StepKind::User(_)
+                | StepKind::Simulate { .. }
+                | StepKind::Call { .. }
+                | StepKind::Attack(_) => return None,
+                StepKind::Fork(branches) => {
+                    // Each branch, then what follows the group on every one.
+                    for branch in branches {
+                        let mut rest: Vec<&'a [Step]> = vec![&branch.steps, &part[i + 1..]];
+                        rest.extend(parts.iter().skip(p + 1).copied());
+                        if let Some(mut path) = silent_path(&rest) {
+                            path.insert(0, &branch.name);
+                            return Some(path);
+                        }
+                    }
+                    return None;
+                }
+                _ => {}
+            }
+        }
+    }
+    Some(Vec::new())
+}
+
 /// A `simulator` or branch `persona` that no `simulate` step under it plays.
 fn unplayed(node: &Spanned<&'static str>, files: &[SourceFile]) -> Diagnostic {
     let (message, help) = match node.value {
@@ -714,6 +794,7 @@ pub fn warnings(project: &Project, env: impl Fn(&str) -> Option<String>) -> Vec<
             turns_checks_never_passing(sc, files, &mut out);
             contradictory_checks(sc, files, &mut out);
             lone_branches(&sc.steps, files, &mut out);
+            never_calls_the_agent(sc, files, &mut out);
             if let Some(resolver) = &resolver {
                 needs_of_inactive(project, resolver, suite, sc, &mut out);
             }

@@ -1591,6 +1591,57 @@ scenario "paired" {
     assert!(said.contains("s.kdl:4:"), "{said}");
 }
 
+/// A scenario, or a path through its branches, with no step that calls the agent is run
+/// as skipped ("the agent was never called"): `check` warns where, not `ok` alone. One
+/// that calls it on every path, that lets the agent speak first, or that starts from a
+/// `history` (whose last user message is the first turn) is not warned.
+#[tokio::test]
+async fn a_scenario_that_never_calls_the_agent_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "a" protocol="connexity" builtin="booking"
+scenario "empty" {
+    criteria { no-error; }
+}
+scenario "forks" {
+    branch "a" { user "hi"; }
+    branch "b" { }
+    criteria { no-error; }
+}
+scenario "after" {
+    branch "a" { }
+    branch "b" { }
+    user "hello"
+    criteria { no-error; }
+}
+scenario "opens" {
+    first-turn "agent"
+    criteria { no-error; }
+}
+scenario "recorded" {
+    history #"[{"role": "user", "content": "hi"}]"#
+    criteria { no-error; }
+}
+"##,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert_eq!(said.matches("never calls the agent").count(), 2, "{said}");
+    assert!(
+        said.contains("scenario `empty` never calls the agent: no `user`"),
+        "{said}"
+    );
+    assert!(
+        said.contains("scenario `forks` never calls the agent on branch `b`"),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:7:12"), "{said}");
+}
+
 /// A `simulator` or a branch `persona` that no `simulate` step under it plays changes
 /// nothing: warned where it is written. Played ones are not.
 #[tokio::test]
