@@ -306,9 +306,19 @@ fn print_turn(turn: &TurnRecord) {
             .unwrap_or_default();
         outln!("    tool {}({}){result}", call.name, shown(&call.arguments));
     }
-    match &turn.reply {
-        Some(reply) => outln!("    agent: {}", shown(reply)),
-        None => outln!("    agent: (no answer)"),
+    // A stream cut short keeps what the agent had sent (a fault says why it stopped):
+    // shown as such, not as no answer.
+    let partial = || {
+        turn.messages
+            .iter()
+            .rev()
+            .filter(|m| m.role == "assistant")
+            .find_map(|m| m.content.as_deref().filter(|t| !t.trim().is_empty()))
+    };
+    match (&turn.reply, partial()) {
+        (Some(reply), _) => outln!("    agent: {}", shown(reply)),
+        (None, Some(text)) => outln!("    agent (cut short, what it had sent): {}", shown(text)),
+        (None, None) => outln!("    agent: (no answer)"),
     }
     if let Some(fault) = &turn.fault {
         outln!(

@@ -1737,3 +1737,58 @@ async fn repeat_runs_every_scenario_that_many_times() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// A stream cut short keeps the text the agent had sent (the turn's `messages`, with an
+/// `incomplete` fault): `show` prints it as such, not as "no answer".
+#[tokio::test]
+async fn show_prints_what_a_cut_stream_had_sent() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/process", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let _ = stream.read(&mut buf).await;
+            let mut out = String::from(
+                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\r\n",
+            );
+            for event in [
+                r#"{"sequence_number":0,"object":"response","id":"r1","status":"created"}"#,
+                r#"{"sequence_number":1,"object":"response","id":"r1","status":"in_progress"}"#,
+                r#"{"object":"content","type":"text","delta":true,"msg_id":"m1","index":0,"status":"in_progress","text":"Half an "}"#,
+                r#"{"object":"content","type":"text","delta":true,"msg_id":"m1","index":0,"status":"in_progress","text":"answer"}"#,
+            ] {
+                out.push_str(&format!("data: {event}\n\n"));
+            }
+            let _ = stream.write_all(out.as_bytes()).await;
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        format!(
+            "agent \"w\" protocol=\"agentscope\" url=\"{url}\"\n\
+             scenario \"cut\" {{\n    user \"Hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let o = trellis()
+        .current_dir(dir.path())
+        .arg("show")
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert!(
+        out.contains("    agent (cut short, what it had sent): Half an answer"),
+        "{out}"
+    );
+    assert!(out.contains("fault (incomplete)"), "{out}");
+}
