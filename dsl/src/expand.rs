@@ -488,6 +488,8 @@ fn format_help(path: &std::path::Path) -> &'static str {
 
 fn row_env() -> Environment<'static> {
     let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     // `row.orderid` for `row.order_id` is an error naming the row, not an empty id.
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_formatter(crate::template::write_value);

@@ -282,7 +282,9 @@ pub fn reads_turn_scope(source: &str) -> bool {
     if !is_template(source) {
         return false;
     }
-    let env = Environment::new();
+    let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     let Ok(compiled) = env.template_from_str(source) else {
         return false;
     };
@@ -332,6 +334,8 @@ pub fn check_reading_env(
     // Chainable: the trial render below reads every variable as undefined, lookups through
     // it included; compiling is the same under any behaviour.
     let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
     let compiled = match env.template_from_str(&template.source) {
         Ok(t) => t,
@@ -348,12 +352,21 @@ pub fn check_reading_env(
                 }
                 _ => "this template does not parse".to_owned(),
             };
+            // The token the parser stopped at, when the literal is written without escapes
+            // (a long `request` body underlined whole says nothing of where).
+            let at = err
+                .range()
+                .and_then(|r| locate_at(template, r.start, r.len().max(1), files));
+            let label = match at {
+                Some(_) => "parsing stops here".to_owned(),
+                None => label,
+            };
             return vec![
                 Diagnostic::at_span(
                     Kind::TemplateSyntax,
                     format!("invalid template: {detail}"),
                     files,
-                    template.span,
+                    at.unwrap_or(template.span),
                     label,
                 )
                 .with_help("templates use minijinja syntax, e.g. {{ user_context.postal_code }}"),
@@ -566,7 +579,9 @@ pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanne
     if !is_template(source) || is_conditional(source) {
         return Vec::new();
     }
-    let env = Environment::new();
+    let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     let Ok(compiled) = env.template_from_str(source) else {
         return Vec::new();
     };

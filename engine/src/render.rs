@@ -138,6 +138,8 @@ impl Templates {
     /// Templates whose `env` is `vars`.
     pub fn new(vars: Arc<EnvSnapshot>) -> Self {
         let mut env = Environment::new();
+        // Debug mode (on in debug builds) changes what errors print: off, as in release.
+        env.set_debug(false);
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         // A template is a message, not a program: a runaway loop must end as a template
         // fault instead of stalling the engine.

@@ -84,6 +84,8 @@ fn render(
     regressions: &[String],
 ) -> Result<String, minijinja::Error> {
     let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     env.set_auto_escape_callback(|_| AutoEscape::Html);
     env.add_template("gate", TEMPLATE)?;
     let listed = &regressions[..regressions.len().min(LISTED)];

@@ -149,6 +149,8 @@ fn environment(
     templates: &[(&'static str, &'static str)],
 ) -> Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
+    // Debug mode (on in debug builds) changes what errors print: off, as in release.
+    env.set_debug(false);
     env.set_auto_escape_callback(|_| AutoEscape::Html);
     env.set_formatter(|out, state, value| {
         // Text an agent or an LLM wrote can hold NUL and other control characters (which
