@@ -92,6 +92,31 @@ impl Server {
                     continue;
                 }
             };
+            // A problem that involves another file (an id declared there too) is shown there
+            // as well: the file being edited may be either, and an editor shows a file's
+            // own diagnostics only (the duplicate just typed went unmarked in its buffer).
+            for r in d.related_diagnostics() {
+                let Some(id) = r.file.filter(|&id| Some(id) != d.file) else {
+                    continue;
+                };
+                let (Some((path, _)), Some((text, lines))) = (files.get(id), indexes.get(id))
+                else {
+                    continue;
+                };
+                let Some(label) = r.labels().first().cloned() else {
+                    continue;
+                };
+                let mut mirrored = diagnostic.clone();
+                mirrored.range = label_range(lines, text, &label, marked.get(id) == Some(&true));
+                mirrored.message = format!("{}\n({})", message(d), r.message);
+                mirrored.related_information = to_uri(&file).map(|uri| {
+                    vec![DiagnosticRelatedInformation {
+                        location: Location::new(uri, diagnostic.range),
+                        message: d.message.clone(),
+                    }]
+                });
+                out.entry(path.clone()).or_default().push(mirrored);
+            }
             out.entry(file).or_default().push(diagnostic);
         }
         out

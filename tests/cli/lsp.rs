@@ -1617,3 +1617,45 @@ scenario "c" {
         out[8]
     );
 }
+
+/// An id declared again in the buffer being edited, where the file it is also in sorts
+/// after it (so that file's declaration is the one "defined again"): the duplicate is shown
+/// in the buffer too, not only in the other file, which an editor does not show.
+#[test]
+fn a_duplicate_typed_in_one_file_is_shown_in_it_too() {
+    let dir = project();
+    let other = "agent \"other\" protocol=\"connexity\" builtin=\"booking\"\n";
+    std::fs::write(dir.path().join("zz.kdl"), other).expect("written");
+    let typed = format!("{AGENTS}{other}");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "agents.kdl"},
+        {"do": "change", "file": "agents.kdl", "text": typed},
+    ]);
+    let out = session(dir.path(), steps);
+    let changed = out
+        .iter()
+        .rfind(|s| s["step"] == "change")
+        .expect("the change's diagnostics");
+    let duplicates = |file: &str| -> Vec<Value> {
+        changed["diagnostics"][file]
+            .as_array()
+            .unwrap_or_else(|| panic!("no diagnostics for {file}: {changed}"))
+            .iter()
+            .filter(|d| d["code"] == "trellis::duplicate_id")
+            .cloned()
+            .collect()
+    };
+    let (typed_in, other_file) = (duplicates("agents.kdl"), duplicates("zz.kdl"));
+    assert_eq!(other_file.len(), 1, "{changed}");
+    assert_eq!(typed_in.len(), 1, "{changed}");
+    // On the line just typed: the last of the buffer.
+    let last_line = typed.lines().count() as u64 - 1;
+    assert_eq!(typed_in[0]["line"], last_line, "{}", typed_in[0]);
+    assert!(
+        typed_in[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("duplicate agent `other`")),
+        "{}",
+        typed_in[0]
+    );
+}
