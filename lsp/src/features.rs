@@ -494,14 +494,13 @@ impl Server {
                 p.new_name
             ));
         }
-        // Read as `vars.NAME` in templates: an attribute's name.
+        // Read as `vars.NAME` in templates: an attribute's name, of letters of any script
+        // (the templates read `vars.état`, as `check` accepts it), digits and `_`.
         if key.0 == analysis::CAPTURE
             && !(p
                 .new_name
-                .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && p.new_name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                .starts_with(|c: char| c.is_alphabetic() || c == '_')
+                && p.new_name.chars().all(|c| c.is_alphanumeric() || c == '_'))
         {
             return Err(format!(
                 "`{}` cannot be a capture's name: templates read it as `vars.NAME`, which \

@@ -1574,6 +1574,8 @@ scenario "c" {
         {"do": "rename", "file": "t.kdl", "line": 15, "character": 14, "to": "price"},
         // A name KDL would quote bare is written as it is inside the strings.
         {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "null"},
+        // Letters of any script, as the templates read them (`vars.état`).
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 14, "to": "état"},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(
@@ -1615,6 +1617,12 @@ scenario "c" {
         serde_json::json!(["null", "null", "null", "null"]),
         "{}",
         out[8]
+    );
+    assert_eq!(
+        out[9]["texts"]["t.kdl"],
+        serde_json::json!(["état", "état", "état", "état"]),
+        "{}",
+        out[9]
     );
 }
 
