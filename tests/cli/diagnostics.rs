@@ -1591,6 +1591,33 @@ scenario "paired" {
     assert!(said.contains("s.kdl:4:"), "{said}");
 }
 
+/// A top-level name written in a block that takes a name a letter away (`tool` for an
+/// agent's `tools`) says where it belongs and suggests the near name.
+#[tokio::test]
+async fn a_top_level_name_in_a_block_suggests_the_blocks_near_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "a" protocol="connexity" builtin="booking" {
+    tool "get_order" "refund_order"
+}
+scenario "s" {
+    user "hi"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("not here; did you mean `tools`, which this block takes?"),
+        "{said}"
+    );
+}
+
 /// A scenario, or a path through its branches, with no step that calls the agent is run
 /// as skipped ("the agent was never called"): `check` warns where, not `ok` alone. One
 /// that calls it on every path, that lets the agent speak first, or that starts from a

@@ -150,13 +150,20 @@ fn placement(name: &str, known: &[&str]) -> Option<String> {
         });
     }
     if !at_top && named(super::top_level()) {
+        // A name this block takes one letter away (`tools` in an `agent`) may be what was
+        // meant; a mere likeness is not (`persona` in an `agent` is not `per-shard`).
+        let near = known
+            .iter()
+            .find(|k| strsim::osa_distance(name, k) == 1)
+            .map(|best| format!("; did you mean `{best}`, which this block takes?"))
+            .unwrap_or_default();
         return Some(if scenario_setting {
             format!(
                 "`{name}` is set in the `scenario` block, or defined at the top level of a \
-                 suite file, not here"
+                 suite file, not here{near}"
             )
         } else {
-            format!("`{name}` is written at the top level of a suite file, outside any block")
+            format!("`{name}` is written at the top level of a suite file, outside any block{near}")
         });
     }
     None
