@@ -335,9 +335,29 @@ fn read_one(
             .map_err(|e| format!("the filter failed: {}", template_error(&e)))
             .and_then(|r| r)
     };
+    // A filter that tests a field's type (`row.code is string`) asks about types, whose
+    // verdict rightly changes with them.
+    let tests_types = ds.filter.as_ref().is_some_and(|t| {
+        let words: Vec<&str> = t.source.split_whitespace().collect();
+        words.iter().enumerate().any(|(i, w)| {
+            let tested = match words.get(i + 1) {
+                Some(&"not") => words.get(i + 2),
+                next => next,
+            };
+            *w == "is"
+                && tested.is_some_and(|t| {
+                    ["string", "number", "integer", "float"]
+                        .iter()
+                        .any(|kind| t.starts_with(kind))
+                })
+        })
+    });
     let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
         let Some(f) = &filter else { return Ok(true) };
         let result = eval(f, fields).and_then(|kept| {
+            if tests_types {
+                return Ok(kept);
+            }
             match text_taken_for_number(fields, kept, &|view| eval(f, view)) {
                 Some(why) => {
                     filter_typed = true;
@@ -449,14 +469,18 @@ fn text_taken_for_number(
         }
         Arc::new(view)
     };
-    if eval(&view(&|_| true, false)).ok() == Some(kept)
-        || eval(&view(&|_| true, true)).ok() != Some(kept)
-    {
+    // As numbers the filter must still evaluate: one that fails on a number (`| length`,
+    // `in`, a slice) does text work on the field, not a comparison with a number.
+    match eval(&view(&|_| true, false)) {
+        Ok(as_numbers) if as_numbers != kept => {}
+        _ => return None,
+    }
+    if eval(&view(&|_| true, true)).ok() != Some(kept) {
         return None;
     }
     let (column, text, _) = numeric
         .iter()
-        .find(|(k, _, _)| eval(&view(&|c| c == k.as_str(), false)).ok() != Some(kept))
+        .find(|(k, _, _)| eval(&view(&|c| c == k.as_str(), false)).is_ok_and(|v| v != kept))
         .unwrap_or(&numeric[0]);
     Some(format!(
         "the filter compares `{column}`, the text `{text}`, with a number: a text is never \

@@ -2747,7 +2747,7 @@ async fn a_filter_that_gives_text_is_an_error_not_a_truth() {
 async fn a_filter_comparing_a_number_kept_as_text_with_a_number_is_an_error() {
     let data: &[(&str, &[u8])] = &[(
         "data/d.csv",
-        b"id,price,zip\na,1.50,02134\nb,12.5,10001\nc,30.00,02139\n",
+        b"id,price,zip,code\na,1.50,02134,007\nb,12.5,10001,0123\nc,30.00,02139,012\n",
     )];
     let suite = |filter: &str| {
         format!(
@@ -2772,10 +2772,19 @@ async fn a_filter_comparing_a_number_kept_as_text_with_a_number_is_an_error() {
     assert!(err.contains("row 1"), "{err}");
     assert!(err.contains("compare it as a number (`row.price"), "{err}");
 
+    // Text work on a field a number would fail (`| length`, `in`, slices) and type tests
+    // are no comparison with a number.
     for (filter, kept) in [
         ("{{ row.price | float > 10 }}", &["s[b]", "s[c]"][..]),
         ("{{ row.zip == '02134' }}", &["s[a]"][..]),
         ("{{ row.id != 'b' }}", &["s[a]", "s[c]"][..]),
+        (
+            "{{ row.code | length == 3 and row.code[:2] == '00' }}",
+            &["s[a]"][..],
+        ),
+        ("{{ '12' in row.code }}", &["s[b]", "s[c]"][..]),
+        ("{{ row.code is string }}", &["s[a]", "s[b]", "s[c]"][..]),
+        ("{{ row.price is not number }}", &["s[a]", "s[c]"][..]),
     ] {
         let dir = project(&suite(filter), data);
         let o = trellis()
