@@ -445,6 +445,61 @@ async fn a_second_signal_stops_at_once() {
     assert!(stdout(&o).contains(hung), "{}", stdout(&o));
 }
 
+/// A stop ends a retry's wait (a 503 asking for 30 s) at once with the fault it would have
+/// retried, recorded on the turn: no new call starts after a stop, and the wait is not sat
+/// out until the grace period drops the call and its trajectory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_a_retrys_wait_with_its_fault_recorded() {
+    use crate::support::{Behavior, MisbehavingServer};
+    let agent = MisbehavingServer::start(Behavior::Unavailable {
+        times: 100,
+        retry_after: "30".into(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::write(
+        suites.join("suite.kdl"),
+        format!(
+            "agent \"down\" protocol=\"connexity\" url=\"{}\" {{ retries 2; timeout \"60s\" }}\n\
+             scenario \"restarting\" {{\n    user \"hi\"\n    expect no-error\n}}\n",
+            agent.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = spawn_run(&suites, &out, &[]);
+    let started = Instant::now();
+    while agent.requests() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no request came"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    send(&child, libc::SIGINT);
+    let signalled = Instant::now();
+    let status = wait(&mut child, Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        signalled.elapsed() < Duration::from_millis(4500),
+        "sat out the wait: {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(agent.requests(), 1, "a retry was sent after the stop");
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("error".to_string())]);
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let fault = strings(&turns, "fault_message");
+    assert!(
+        fault[0].as_deref().is_some_and(
+            |m| m.contains("HTTP 503") && m.contains("not retried: the run was stopped")
+        ),
+        "{fault:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_run_leaves_no_unreadable_parquet_and_report_rebuilds_it() {
     let fast = SlowAgent::start(Some(Duration::ZERO)).await;

@@ -1390,7 +1390,26 @@ where
             ));
             break Attempted { result, attempts };
         }
-        tokio::time::sleep(delay).await;
+        // No new call starts once the run stops: a backoff (a 503's `Retry-After` of a
+        // minute, say) ends there with the fault it would have retried, recorded on the
+        // turn, not sat out until the stop's grace drops the call with its trajectory.
+        let stopped = async {
+            match RUN_STOP.try_with(|turn| Arc::clone(&turn.run)) {
+                Ok(run) => run.stop().cancelled().await,
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let cut = tokio::select! {
+            biased;
+            () = stopped => true,
+            () = tokio::time::sleep(delay) => false,
+        };
+        if cut {
+            fault
+                .message
+                .push_str(&format!(" (attempt {n}; not retried: the run was stopped)"));
+            break Attempted { result, attempts };
+        }
     }
 }
 
