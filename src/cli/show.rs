@@ -308,16 +308,19 @@ fn print_turn(turn: &TurnRecord) {
     }
     // A stream cut short keeps what the agent had sent (a fault says why it stopped):
     // shown as such, not as no answer.
+    // Every message of it: one completed before the cut is part of what was sent.
     let partial = || {
-        turn.messages
+        let texts: Vec<&str> = turn
+            .messages
             .iter()
-            .rev()
             .filter(|m| m.role == "assistant")
-            .find_map(|m| m.content.as_deref().filter(|t| !t.trim().is_empty()))
+            .filter_map(|m| m.content.as_deref().filter(|t| !t.trim().is_empty()))
+            .collect();
+        (!texts.is_empty()).then(|| texts.join("\n"))
     };
     match (&turn.reply, partial()) {
         (Some(reply), _) => outln!("    agent: {}", shown(reply)),
-        (None, Some(text)) => outln!("    agent (cut short, what it had sent): {}", shown(text)),
+        (None, Some(text)) => outln!("    agent (cut short, what it had sent): {}", shown(&text)),
         (None, None) => outln!("    agent: (no answer)"),
     }
     if let Some(fault) = &turn.fault {

@@ -1755,6 +1755,7 @@ async fn show_prints_what_a_cut_stream_had_sent() {
             for event in [
                 r#"{"sequence_number":0,"object":"response","id":"r1","status":"created"}"#,
                 r#"{"sequence_number":1,"object":"response","id":"r1","status":"in_progress"}"#,
+                r#"{"object":"message","id":"m0","type":"message","role":"assistant","status":"completed","content":[{"type":"text","text":"First part.","delta":null}]}"#,
                 r#"{"object":"content","type":"text","delta":true,"msg_id":"m1","index":0,"status":"in_progress","text":"Half an "}"#,
                 r#"{"object":"content","type":"text","delta":true,"msg_id":"m1","index":0,"status":"in_progress","text":"answer"}"#,
             ] {
@@ -1787,7 +1788,7 @@ async fn show_prints_what_a_cut_stream_had_sent() {
         .unwrap();
     let out = stdout(&o);
     assert!(
-        out.contains("    agent (cut short, what it had sent): Half an answer"),
+        out.contains("    agent (cut short, what it had sent): First part.⏎ Half an answer"),
         "{out}"
     );
     assert!(out.contains("fault (incomplete)"), "{out}");
