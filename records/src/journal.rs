@@ -215,6 +215,9 @@ pub struct AbandonedCall {
     pub scenario: String,
     pub agent: String,
     pub repetition: u32,
+    /// The node of the scenario's tree it was on (`start`, a branch's path: `left`).
+    #[serde(default)]
+    pub node: String,
     /// The turn it would have been (the trajectory's turns before it were answered).
     pub turn_index: u32,
     /// What was sent: the user message (its first 200 characters), or the step's kind.

@@ -1603,8 +1603,13 @@ pub(super) fn print_abandoned(calls: &[trellis_engine::record::AbandonedCall]) {
         }
     );
     for c in calls.iter().take(SHOWN) {
+        // The node names the branch, when the call was past the shared start.
+        let node = match c.node.as_str() {
+            "" | "start" => String::new(),
+            node => format!(" · {node}"),
+        };
         outln!(
-            "  {}/{} [{} #{}] turn {} ({}), waiting {:.1}s",
+            "  {}/{}{node} [{} #{}] turn {} ({}), waiting {:.1}s",
             c.suite,
             c.scenario,
             c.agent,

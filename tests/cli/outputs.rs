@@ -445,6 +445,49 @@ async fn a_second_signal_stops_at_once() {
     assert!(stdout(&o).contains(hung), "{}", stdout(&o));
 }
 
+/// Calls dropped unanswered on two branches of one scenario name their branch: the two
+/// lines are not the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_calls_name_their_branch() {
+    let stuck = SlowAgent::start(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::write(
+        suites.join("s.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\" {{ timeout \"60s\" }}\n\
+             scenario \"twin\" {{\n    branch \"left\" {{ user \"hi\"; }}\n    \
+             branch \"right\" {{ user \"hi\"; }}\n    criteria {{ no-error; }}\n}}\n",
+            stuck.url
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = spawn_run(&suites, &out, &[]);
+    // Both branches' calls in flight.
+    let started = Instant::now();
+    while stuck.requests.load(Ordering::SeqCst) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no two requests"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    send(&child, libc::SIGINT);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&child, libc::SIGINT);
+    let status = wait(&mut child, Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(130));
+    let mut said = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stdout.take().unwrap(), &mut said)
+        .await
+        .unwrap();
+    assert!(said.contains("2 agent calls unanswered"), "{said}");
+    assert!(said.contains("s/twin · left [a #0] turn 0"), "{said}");
+    assert!(said.contains("s/twin · right [a #0] turn 0"), "{said}");
+}
+
 /// A stop ends a retry's wait (a 503 asking for 30 s) at once with the fault it would have
 /// retried, recorded on the turn: no new call starts after a stop, and the wait is not sat
 /// out until the grace period drops the call and its trajectory.

@@ -172,6 +172,7 @@ impl Unit<'_> {
         // Dropped with the call when the run abandons it: said in the run's end.
         let in_flight = InFlight {
             unit: self,
+            node: state.nodes.last().map(|n| &**n),
             turn_index,
             input: &input,
             started,
@@ -392,6 +393,7 @@ fn record(
 /// forgotten, costing the turn nothing.
 struct InFlight<'u, 'a> {
     unit: &'u Unit<'a>,
+    node: Option<&'u str>,
     turn_index: u32,
     input: &'u TurnInput<'u>,
     started: Instant,
@@ -413,6 +415,7 @@ impl Drop for InFlight<'_, '_> {
             scenario: self.unit.scenario.scenario.id.value.clone(),
             agent: self.unit.agent_id().to_owned(),
             repetition: self.unit.repetition,
+            node: self.node.unwrap_or_default().to_owned(),
             turn_index: self.turn_index,
             input,
             waited_ms: ms(self.started.elapsed()),
