@@ -486,6 +486,13 @@ async fn unanswered_calls_name_their_branch() {
     assert!(said.contains("2 agent calls unanswered"), "{said}");
     assert!(said.contains("s/twin · left [a #0] turn 0"), "{said}");
     assert!(said.contains("s/twin · right [a #0] turn 0"), "{said}");
+    // And the report's banner, which a person opens rather than the console.
+    let page = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        page.contains("Agent calls unanswered when it stopped")
+            && page.contains("twin · left [a #0] turn 0"),
+        "not in the report"
+    );
 }
 
 /// A stop ends a retry's wait (a 503 asking for 30 s) at once with the fault it would have

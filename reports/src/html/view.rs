@@ -358,6 +358,11 @@ pub(crate) struct Coverage {
     /// Every planned trajectory is recorded, yet the run was stopped: some were cut short
     /// ("covers 3 of 3 (100.0%)" read as a whole run).
     all_recorded: bool,
+    /// The agent calls the stop dropped unanswered, longest waiting first (the first 10):
+    /// what hung, where (`run_finished.abandoned`).
+    abandoned: Vec<String>,
+    /// How many more there were.
+    abandoned_more: usize,
 }
 
 #[derive(Serialize)]
@@ -1341,6 +1346,9 @@ impl Anchors {
     }
 }
 
+/// Unanswered calls of a stopped run listed by name in its banner.
+const ABANDONED_SHOWN: usize = 10;
+
 pub(crate) fn build(page: &Page<'_>) -> PageView {
     TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
     let info = page.info;
@@ -1359,6 +1367,31 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             finished: page.finished.is_some(),
             // Stopped (not cut off): its journal says the stop left work undone.
             all_recorded: interrupted && total.total() == info.planned_trajectories,
+            abandoned: page
+                .finished
+                .iter()
+                .flat_map(|f| &f.abandoned)
+                .take(ABANDONED_SHOWN)
+                .map(|c| {
+                    let node = match c.node.as_str() {
+                        "" | "start" => String::new(),
+                        node => format!(" · {node}"),
+                    };
+                    let input: String = c.input.chars().take(60).collect();
+                    format!(
+                        "{}/{}{node} [{} #{}] turn {} (\"{input}\"), waiting {:.1}s",
+                        c.suite,
+                        c.scenario,
+                        c.agent,
+                        c.repetition,
+                        c.turn_index,
+                        c.waited_ms / 1000.0
+                    )
+                })
+                .collect(),
+            abandoned_more: page
+                .finished
+                .map_or(0, |f| f.abandoned.len().saturating_sub(ABANDONED_SHOWN)),
         });
     let checks_skipped = (page.tally.checks_skipped > 0).then(|| {
         format!(
