@@ -499,13 +499,15 @@ pub(super) fn status_of(
     {
         // Unless the agent had already failed a check on a turn before the break (a
         // scripted turn, or one a guard found in character): that failure is the agent's,
-        // whatever the simulated user did after it.
-        let failed_before = broken.turn_index.is_some_and(|at| {
+        // whatever the simulated user did after it. So is a check there whose judge
+        // failed: left out with the invalid trajectory, a broken judge went unseen.
+        let decided_before = broken.turn_index.is_some_and(|at| {
             criteria.iter().any(|c| {
-                c.status == CriterionStatus::Failed && c.turn_index.is_some_and(|i| i < at)
+                matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error)
+                    && c.turn_index.is_some_and(|i| i < at)
             })
         });
-        if !failed_before {
+        if !decided_before {
             return (TrajectoryStatus::Invalid, None);
         }
     }
@@ -692,6 +694,15 @@ mod tests {
         assert_eq!(
             status_of(false, &criteria, false).0,
             TrajectoryStatus::Failed
+        );
+        // Its judge failed on a scripted turn 0: an error, not hidden in an invalid one.
+        let criteria = [
+            at("judge", CriterionStatus::Error, Some(0)),
+            broken_at_2.clone(),
+        ];
+        assert_eq!(
+            status_of(false, &criteria, false).0,
+            TrajectoryStatus::Error
         );
         // Failed only at or after the break, or passed before it: invalid.
         for criteria in [
