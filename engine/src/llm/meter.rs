@@ -294,7 +294,11 @@ impl LlmMeter {
                 spent.end_request(reservation);
             }
             if costed {
-                spent.cost += call.cost.unwrap_or(0.0);
+                // A priced request answered without usage (a server that reports none, a
+                // stream without `include_usage`) spends what it reserved: counted as free,
+                // it let a run past `--max-llm-cost` without a word.
+                let unreported = held.filter(|_| call.attempts > 0 && call.cache != CacheUse::Hit);
+                spent.cost += call.cost.or(unreported).unwrap_or(0.0);
             }
             (spent.sent, spent.cost)
         };
@@ -564,6 +568,24 @@ mod tests {
             refused.starts_with("not sent: --max-llm-cost 1 reached"),
             "{refused}"
         );
+    }
+
+    /// A priced request answered without usage spends what it reserved: a server that
+    /// reports no tokens does not make every request free under `--max-llm-cost`.
+    #[tokio::test]
+    async fn a_request_answered_without_usage_spends_its_reservation() {
+        let (meter, stop) = armed(None, Some(1.0));
+        for _ in 0..2 {
+            let tab = meter.tab();
+            tab.admit(0.6).await.unwrap();
+            meter.record_model_request(None, 1, false, tab);
+        }
+        assert!(
+            stop.is_cancelled(),
+            "two requests reserving 0.6 each spent nothing"
+        );
+        // Its cost stays unknown where usage is shown.
+        assert_eq!(meter.by_role()["agent"].cost, None);
     }
 
     #[tokio::test]
