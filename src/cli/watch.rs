@@ -636,7 +636,9 @@ impl Session {
             Ok(project) => project,
             Err(diagnostics) => {
                 self.broken = true;
-                errln!("{:?}", miette::Report::new(diagnostics));
+                let said = format!("{:?}", miette::Report::new(diagnostics));
+                self.show_invalid(&said);
+                errln!("{said}");
                 errln!(
                     "watch: {what}: the suite is invalid (see above); {}; fix it and save",
                     self.kept()
@@ -678,7 +680,9 @@ impl Session {
             Ok(plan) => plan,
             Err(e) => {
                 self.broken = true;
-                errln!("{:?}", miette::Report::new(e));
+                let said = format!("{:?}", miette::Report::new(e));
+                self.show_invalid(&said);
+                errln!("{said}");
                 errln!(
                     "watch: {what}: the suite cannot be planned; {}",
                     self.kept()
@@ -688,10 +692,9 @@ impl Session {
         };
         if plan.scenarios.is_empty() {
             self.broken = true;
-            errln!(
-                "watch: {what}: {}",
-                super::nothing_selected(&project, &self.args.select.selection())
-            );
+            let said = super::nothing_selected(&project, &self.args.select.selection());
+            self.show_invalid(&said);
+            errln!("watch: {what}: {said}");
             return Rerun::Done;
         }
         self.warnings = super::project_warnings(&project)
@@ -750,6 +753,9 @@ impl Session {
         if !changed_any && self.complete {
             if was_broken {
                 outln!("watch: {what}: valid again; nothing changed since the last run");
+                if let Some(server) = &self.server {
+                    server.invalid(None);
+                }
             }
             // The suites are as the last finished rerun left them: those saves are covered.
             self.since_finished.clear();
@@ -1273,6 +1279,14 @@ impl Session {
             ),
         }
         self.warnings_said = self.warnings.clone();
+    }
+
+    /// Tells an open `--serve` tab that the suites do not load, with what the console
+    /// printed (its colours taken out).
+    fn show_invalid(&self, said: &str) {
+        if let Some(server) = &self.server {
+            server.invalid(Some(strip_ansi(said)));
+        }
     }
 
     /// What a save that cannot run leaves: the last finished rerun's results, or none yet
@@ -2054,6 +2068,26 @@ fn describe(paths: &[PathBuf]) -> String {
         [one, two] => format!("{} and {} changed", show(one), show(two)),
         many => format!("{} files changed", many.len()),
     }
+}
+
+/// `text` without its terminal escape sequences (colours, styles).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters, then one final byte in `@`..=`~`.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]

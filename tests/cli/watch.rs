@@ -875,6 +875,23 @@ async fn serve_reloads_the_open_tab_after_each_rerun() {
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     watch.wait_for("watch: rerun 2 done").await;
+
+    // A save that does not load: the tab is told, and says so above the last report
+    // (it showed the last green report as if current).
+    write(&suite, "scenario \"broken\" {\n    usr \"hi\"\n}\n");
+    watch.wait_for("the suite is invalid").await;
+    let page = http_get(&url, "/").await;
+    assert!(
+        page.contains("The suites do not load since the last save"),
+        "{page}"
+    );
+    assert!(page.contains("usr"), "the diagnostic is shown: {page}");
+    assert!(!page.contains('\u{1b}'), "terminal colours in the page");
+    // Valid again (as before it broke): the banner goes.
+    write(&suite, &branching_suite(&agent.url(), "go RIGHT", 5));
+    watch.wait_for("valid again").await;
+    let page = http_get(&url, "/").await;
+    assert!(!page.contains("The suites do not load"), "{page}");
 }
 
 /// The served page in a real browser (headless chromium): the open tab reloads itself

@@ -28,6 +28,9 @@ const WAITING: &str = "<!doctype html><html><head><meta charset=\"utf-8\"><title
 #[derive(Clone)]
 struct Shared {
     latest: Arc<Mutex<Option<PathBuf>>>,
+    /// Why the last save cannot run (its diagnostics, as the console printed them): shown
+    /// above the last good report, which the tab otherwise kept showing as if current.
+    invalid: Arc<Mutex<Option<String>>>,
     reloads: broadcast::Sender<u64>,
 }
 
@@ -45,6 +48,7 @@ impl Server {
         let (reloads, _) = broadcast::channel(16);
         let shared = Shared {
             latest: Arc::new(Mutex::new(None)),
+            invalid: Arc::new(Mutex::new(None)),
             reloads,
         };
         let app = Router::new()
@@ -74,6 +78,31 @@ impl Server {
             .latest
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(report);
+        *self
+            .shared
+            .invalid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.reload();
+    }
+
+    /// Shows `why` the suites cannot run above the last report (`None`: they can again),
+    /// and tells open tabs to reload when that changes.
+    pub fn invalid(&self, why: Option<String>) {
+        let mut invalid = self
+            .shared
+            .invalid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *invalid == why {
+            return;
+        }
+        *invalid = why;
+        drop(invalid);
+        self.reload();
+    }
+
+    fn reload(&self) {
         let mut published = self
             .published
             .lock()
@@ -133,7 +162,46 @@ async fn report(State(shared): State<Shared>) -> impl IntoResponse {
         },
         None => WAITING.to_string(),
     };
+    let invalid = shared
+        .invalid
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let page = match invalid {
+        Some(why) => with_banner(&page, &why),
+        None => page,
+    };
     Html(with_reload(&page))
+}
+
+/// The page with a banner saying the suites do not load, at the top of its body: the
+/// report below is the last one that ran.
+fn with_banner(page: &str, why: &str) -> String {
+    let banner = format!(
+        "<div class=\"banner warn\" id=\"watch-invalid\"><b>The suites do not load since \
+         the last save</b>: the report below is the last run's. Fix them and save.\
+         <pre>{}</pre></div>",
+        escape(why)
+    );
+    let at = page
+        .find("<body")
+        .and_then(|start| page[start..].find('>').map(|end| start + end + 1))
+        .unwrap_or(0);
+    format!("{}{banner}{}", &page[..at], &page[at..])
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The page with the reload script, allowed by the page's policy.
