@@ -438,7 +438,7 @@ impl Unit<'_> {
         let root = &self.scenario.nodes[self.scenario.root()];
         for t in 0..self.scenario.trajectories.len() {
             if !self.is_recorded(t) {
-                let unreached = self.expects_after(root, 0, t);
+                let unreached = self.expects_after(root, 0, t, false);
                 let stop = Some(Stop::Fault(fault.clone()));
                 self.finish_trajectory(t, &PathState::empty(), stop, unreached, None)
                     .await;

@@ -530,9 +530,10 @@ impl<'a> Unit<'a> {
             }
             Some(stop) => {
                 // Every trajectory below this node ends here.
+                let untaken = matches!(&stop, Stop::Failed(c) if c.kind == "max-turns");
                 for &t in &node.trajectories {
                     if self.runs(t) {
-                        let unreached = self.expects_after(node, next_step, t);
+                        let unreached = self.expects_after(node, next_step, t, untaken);
                         self.finish_trajectory(
                             t,
                             &state,
@@ -665,11 +666,14 @@ impl<'a> Unit<'a> {
 
     /// The `expect` checks trajectory `t` would have run from step `from` of `node` on: what
     /// a stop there leaves unchecked, recorded as skipped so no check silently vanishes.
+    /// `untaken`: the step before `from` stopped the path without taking its turn
+    /// (`max-turns`): the checks after it would have checked that turn or a later one.
     pub(super) fn expects_after(
         &self,
         node: &'a ExecNode,
         from: usize,
         t: usize,
+        untaken: bool,
     ) -> Vec<Unreached<'a>> {
         let mut unreached = Vec::new();
         let mut current = node;
@@ -677,7 +681,7 @@ impl<'a> Unit<'a> {
         // Turns the steps since the stop would have taken: an `expect` checks the last of
         // them (none: the turn the stop took). Unknown past a step that takes a number of
         // turns only its run knows.
-        let mut turns_later = Some(0u32);
+        let mut turns_later = Some(u32::from(untaken));
         loop {
             for step in steps {
                 match step {

@@ -166,6 +166,34 @@ async fn a_forks_shared_prefix_runs_once_per_repetition() {
     assert_eq!(starts, 2);
 }
 
+/// A path stopped at `max-turns` stops at a `user` step that took no turn: the checks after
+/// it would have checked that step's turn (1 here), not the last one taken.
+#[tokio::test]
+async fn checks_past_max_turns_name_the_turn_they_would_have_checked() {
+    let (url, _) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "capped" {
+    max-turns 1
+    user "one"
+    expect reply contains="one"
+    user "two"
+    expect reply contains="two"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 1).await;
+    let capped = &run.trajectories[0];
+    let two = capped
+        .criteria
+        .iter()
+        .find(|c| c.criterion.contains("\"two\""))
+        .unwrap();
+    assert_eq!(
+        (two.status, two.turn_index),
+        (CriterionStatus::Skipped, Some(1))
+    );
+}
+
 #[tokio::test]
 async fn a_fault_ends_only_the_trajectories_below_it() {
     let (url, _) = echo_agent().await;
