@@ -76,6 +76,10 @@ pub struct VarianceReport {
     /// existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intervals: Option<IntervalMethod>,
+    /// What the figures do not say, as the console warned it: a condition whose outcomes
+    /// were errors (a judge failing every call reads as perfectly stable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `variance.json`'s `intervals`: the method behind every `judge_interval`,

@@ -35,7 +35,7 @@ use trellis_reports::variance::{
 use super::console::{errln, outln};
 use super::history::RunsDir;
 use super::stop::{SignalRelay, StopSignal};
-use super::{EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
+use super::{EXIT_BUDGET, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 
 #[derive(Debug, Args)]
 pub struct VarianceArgs {
@@ -310,6 +310,10 @@ pub fn variance(args: VarianceArgs) -> u8 {
         }
     };
 
+    // What the figures do not say (in variance.json too), and whether a condition measured
+    // only errors.
+    let mut warnings: Vec<String> = Vec::new();
+    let mut measured_nothing = false;
     // 1. The judge condition.
     if judged_checks > 0 {
         progress(format_args!(
@@ -345,17 +349,22 @@ pub fn variance(args: VarianceArgs) -> u8 {
         // Errors count as not passing: a judge that fails every call gives outcomes that
         // never vary, and its variance read 0.000, as stable as a judge can be.
         if judgments > 0 && samples.judge_errors == judgments {
-            errln!(
-                "warning: every judgment of the judge condition ended in an error (is the \
-                 judge failing? see the run's judge_error_category): the judge's share below \
-                 says nothing of it"
+            measured_nothing = true;
+            warnings.push(
+                "every judgment of the judge condition ended in an error (is the judge \
+                 failing? see the run's judge_error_category): the judge's share says nothing \
+                 of it"
+                    .to_owned(),
             );
         } else if samples.judge_errors > 0 {
-            errln!(
-                "warning: {} of {judgments} judgments of the judge condition ended in an \
-                 error and count as not passing",
+            warnings.push(format!(
+                "{} of {judgments} judgments of the judge condition ended in an error and \
+                 count as not passing",
                 samples.judge_errors
-            );
+            ));
+        }
+        for warning in &warnings {
+            errln!("warning: {warning}");
         }
     }
 
@@ -452,18 +461,22 @@ pub fn variance(args: VarianceArgs) -> u8 {
                             "{n} with a fault (the first: {first}), the rest in their checks"
                         ),
                     };
-                    errln!(
-                        "warning: every trajectory of the {name} condition ended in an error, \
-                         {why} (see {}): its share below says nothing of it",
+                    measured_nothing = true;
+                    let warning = format!(
+                        "every trajectory of the {name} condition ended in an error, {why} \
+                         (see {}): its share says nothing of it",
                         out.display()
                     );
+                    errln!("warning: {warning}");
+                    warnings.push(warning);
                 } else if counted.errors > 0 {
-                    errln!(
-                        "warning: {} of {} trajectories of the {name} condition ended in an \
-                         error and count as not passing",
-                        counted.errors,
-                        counted.recorded
+                    let warning = format!(
+                        "{} of {} trajectories of the {name} condition ended in an error and \
+                         count as not passing",
+                        counted.errors, counted.recorded
                     );
+                    errln!("warning: {warning}");
+                    warnings.push(warning);
                 }
             }
             Err(code) => return code,
@@ -491,6 +504,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
         scenarios,
         overall,
         intervals: Some(IntervalMethod::default()),
+        warnings,
     };
     // A stopped measurement does not replace a complete one: a Ctrl-C lost the finished
     // analysis of an earlier, longer command.
@@ -537,6 +551,16 @@ pub fn variance(args: VarianceArgs) -> u8 {
             }
             // A signal decides the exit code, whatever else stopped a condition.
             relay.stopped().map_or(code, StopSignal::exit_code)
+        }
+        // A condition that measured only errors: the figures are not a measurement, and a
+        // script reading the exit code alone took them for one.
+        None if measured_nothing => {
+            errln!(
+                "error: a condition measured nothing but errors (warned above, and in \
+                 {}'s warnings)",
+                path.display()
+            );
+            EXIT_FAILED
         }
         None => EXIT_OK,
     }

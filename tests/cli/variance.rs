@@ -68,6 +68,16 @@ async fn run_once(dir: &Path, suite: &Path) -> PathBuf {
 
 /// `trellis variance RUN [SUITE]`: without SUITE, the suites RUN recorded.
 async fn variance(dir: &Path, run: &Path, suite: Option<&Path>) -> (Value, String) {
+    variance_exiting(dir, run, suite, 0).await
+}
+
+/// [`variance`], which must exit `code`.
+async fn variance_exiting(
+    dir: &Path,
+    run: &Path,
+    suite: Option<&Path>,
+    code: i32,
+) -> (Value, String) {
     let o = trellis()
         .env("FAKE_KEY", "k")
         .args(["variance", "--repeats", "4", "--json", "--dir"])
@@ -77,7 +87,7 @@ async fn variance(dir: &Path, run: &Path, suite: Option<&Path>) -> (Value, Strin
         .output()
         .await
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(code), "{}{}", stdout(&o), stderr(&o));
     let text = std::fs::read_to_string(run.join("variance.json")).unwrap();
     (serde_json::from_str(&text).unwrap(), stderr(&o))
 }
@@ -276,11 +286,14 @@ async fn a_judge_that_always_fails_is_not_shown_as_stable_without_a_word() {
     let dir = tempfile::tempdir().unwrap();
     let suite = suite(dir.path(), &fake.base_url());
     let run = run_once(dir.path(), &suite).await;
-    let (_, err) = variance(dir.path(), &run, Some(&suite)).await;
+    // Nothing was measured: exit 1, and variance.json says why beside its figures.
+    let (v, err) = variance_exiting(dir.path(), &run, Some(&suite), 1).await;
     assert!(
         err.contains("every judgment of the judge condition ended in an error"),
         "{err}"
     );
+    let warnings = v["warnings"].as_array().map(Vec::len).unwrap_or(0);
+    assert_eq!(warnings, 3, "{v:#}");
     // Its checks could not be judged in the agent's and the fresh runs either: their
     // shares say nothing, and that is said too, blaming the judge, not the agent.
     let err = crate::flat(&err);
