@@ -70,14 +70,31 @@ pub const PARTIAL_SUFFIX: &str = ".partial";
 pub(crate) struct Staged {
     /// Where the file goes once complete.
     pub(crate) path: PathBuf,
-    partial: PathBuf,
+    /// `None`: written in place, `path` being no regular file (`--html /dev/stdout`).
+    partial: Option<PathBuf>,
     /// Renamed into place: nothing is left to clean up.
     published: bool,
 }
 
 impl Staged {
-    /// Creates (or truncates a stale) `path.partial`.
+    /// Creates (or truncates a stale) `path.partial`; or opens `path` itself when it is a
+    /// device, a pipe or a socket (`/dev/stdout`, `/dev/null`), which a rename would
+    /// replace with a regular file.
     pub(crate) fn create(path: &Path) -> Result<(Self, File), ReportError> {
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| ReportError::io("open", path, e))?;
+            return Ok((
+                Staged {
+                    path: path.to_path_buf(),
+                    partial: None,
+                    published: false,
+                },
+                file,
+            ));
+        }
         let mut partial = path.as_os_str().to_owned();
         partial.push(PARTIAL_SUFFIX);
         let partial = PathBuf::from(partial);
@@ -85,7 +102,7 @@ impl Staged {
         Ok((
             Staged {
                 path: path.to_path_buf(),
-                partial,
+                partial: Some(partial),
                 published: false,
             },
             file,
@@ -94,8 +111,10 @@ impl Staged {
 
     /// Renames the finished file into place, replacing an earlier one.
     pub(crate) fn publish(mut self) -> Result<PathBuf, ReportError> {
-        std::fs::rename(&self.partial, &self.path)
-            .map_err(|e| ReportError::io("move into place", &self.path, e))?;
+        if let Some(partial) = &self.partial {
+            std::fs::rename(partial, &self.path)
+                .map_err(|e| ReportError::io("move into place", &self.path, e))?;
+        }
         self.published = true;
         Ok(std::mem::take(&mut self.path))
     }
@@ -105,9 +124,11 @@ impl Drop for Staged {
     /// A file given up on (its writing failed, or it could not be moved into place) is
     /// removed rather than left half-written beside the results.
     fn drop(&mut self) {
-        if !self.published {
+        if !self.published
+            && let Some(partial) = &self.partial
+        {
             // Nothing more to do if it is already gone; the write's own error is reported.
-            let _ = std::fs::remove_file(&self.partial);
+            let _ = std::fs::remove_file(partial);
         }
     }
 }

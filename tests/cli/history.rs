@@ -315,6 +315,23 @@ async fn compare_exits_1_when_a_branch_that_passed_fails() {
         html.contains("reply was"),
         "the failing check's reason is missing"
     );
+    // A device (`--html /dev/stdout`, here behind a link to /dev/null) is written to, not
+    // replaced by a regular file renamed over it.
+    let device = runs.path().join("device.html");
+    std::os::unix::fs::symlink("/dev/null", &device).unwrap();
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--html", device.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        std::fs::symlink_metadata(&device)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced by a file"
+    );
 
     // A run without summary.json is compared from its journal.
     std::fs::remove_file(runs.path().join("head/summary.json")).unwrap();
