@@ -441,7 +441,7 @@ pub enum LlmCacheMode {
 
 #[derive(Debug, Args)]
 struct ReportArgs {
-    /// A run directory holding its journal.
+    /// A run directory holding its journal, or a run id (a unique prefix) or name in runs/.
     #[arg(add = ArgValueCompleter::new(complete::run_dirs))]
     dir: PathBuf,
     /// Write the rebuilt files into this directory (created if missing) instead of the run
@@ -1047,10 +1047,20 @@ fn graph(args: &GraphArgs) -> u8 {
 }
 
 fn report(args: &ReportArgs) -> u8 {
-    let out = args.out.as_deref().unwrap_or(&args.dir);
+    // A run directory, else a run id, prefix or name in `runs/`, as `show` and `compare`
+    // take it.
+    let dir = if args.dir.is_dir() {
+        args.dir.clone()
+    } else {
+        match history::run_dir(Path::new("runs"), &args.dir.to_string_lossy()) {
+            Ok(dir) => dir,
+            Err(code) => return code,
+        }
+    };
+    let out = args.out.as_deref().unwrap_or(&dir);
     // A run still writing its journal would have its files replaced under it (and then
     // fail to put its own in place): wait for it, as `--resume` and `merge` do.
-    let _claims = match report_claims(&args.dir, out) {
+    let _claims = match report_claims(&dir, out) {
         Ok(claims) => claims,
         Err(message) => {
             console::errln!("error: {message}");
@@ -1058,12 +1068,12 @@ fn report(args: &ReportArgs) -> u8 {
         }
     };
     let options = trellis_reports::ReportOptions::default();
-    match trellis_reports::write_reports_to(&args.dir, out, &options) {
+    match trellis_reports::write_reports_to(&dir, out, &options) {
         Ok(files) => {
             for path in files.written() {
                 console::outln!("{}", path.display());
             }
-            if !files.complete && trellis_reports::history::is_watch_rerun(&args.dir) {
+            if !files.complete && trellis_reports::history::is_watch_rerun(&dir) {
                 // Watch's next save reruns it; a rerun is not resumed.
                 console::outln!(
                     "note: the journal has no end: this rerun of `trellis watch` was stopped \
@@ -1073,7 +1083,7 @@ fn report(args: &ReportArgs) -> u8 {
                 console::outln!(
                     "note: the journal has no end: the run did not finish (`trellis run … \
                      --resume {}` finishes it)",
-                    console::shell_word(&args.dir)
+                    console::shell_word(&dir)
                 );
             }
             if files.skipped_lines > 0 {

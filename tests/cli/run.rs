@@ -503,6 +503,46 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// `report` takes a run as `show` and `compare` do: a directory, or an id (a unique prefix)
+/// or name in `runs/`.
+#[tokio::test]
+async fn report_takes_a_run_id_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"Hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "s.kdl", "-q"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let run = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|name| name != "latest")
+        .unwrap();
+    std::fs::remove_file(dir.path().join("runs").join(&run).join("report.html")).unwrap();
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["report", &run[..12]])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        dir.path()
+            .join("runs")
+            .join(&run)
+            .join("report.html")
+            .is_file()
+    );
+}
+
 /// `list` says which trajectories will be skipped and on which agent, whatever the reason.
 #[tokio::test]
 async fn list_names_the_agent_a_trajectory_is_skipped_on() {
