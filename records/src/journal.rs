@@ -226,6 +226,32 @@ pub struct AbandonedCall {
     pub waited_ms: f64,
 }
 
+impl AbandonedCall {
+    /// One line, as the console, `show` and the report say it: `s/twin · left [a #0]
+    /// turn 1 ("hi"), waiting 6.5s` (the node named past the shared start, the message's
+    /// first 60 characters on one line).
+    pub fn describe(&self) -> String {
+        let node = match self.node.as_str() {
+            "" | "start" => String::new(),
+            node => format!(" · {node}"),
+        };
+        let mut input = self.input.split_whitespace().collect::<Vec<_>>().join(" ");
+        if let Some((cut, _)) = input.char_indices().nth(60) {
+            input.truncate(cut);
+            input.push('…');
+        }
+        format!(
+            "{}/{}{node} [{} #{}] turn {} ({input:?}), waiting {:.1}s",
+            self.suite,
+            self.scenario,
+            self.agent,
+            self.repetition,
+            self.turn_index,
+            self.waited_ms / 1000.0
+        )
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

@@ -1603,21 +1603,7 @@ pub(super) fn print_abandoned(calls: &[trellis_engine::record::AbandonedCall]) {
         }
     );
     for c in calls.iter().take(SHOWN) {
-        // The node names the branch, when the call was past the shared start.
-        let node = match c.node.as_str() {
-            "" | "start" => String::new(),
-            node => format!(" · {node}"),
-        };
-        outln!(
-            "  {}/{}{node} [{} #{}] turn {} ({}), waiting {:.1}s",
-            c.suite,
-            c.scenario,
-            c.agent,
-            c.repetition,
-            c.turn_index,
-            quoted_start(&c.input),
-            c.waited_ms / 1000.0
-        );
+        outln!("  {}", c.describe());
     }
     if calls.len() > SHOWN {
         outln!(
@@ -1625,16 +1611,6 @@ pub(super) fn print_abandoned(calls: &[trellis_engine::record::AbandonedCall]) {
             calls.len() - SHOWN
         );
     }
-}
-
-/// A message's start on one line, quoted: its first 60 characters.
-fn quoted_start(text: &str) -> String {
-    let mut words = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if let Some((cut, _)) = words.char_indices().nth(60) {
-        words.truncate(cut);
-        words.push('…');
-    }
-    format!("{words:?}")
 }
 
 #[cfg(test)]

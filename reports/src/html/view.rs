@@ -1372,22 +1372,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                 .iter()
                 .flat_map(|f| &f.abandoned)
                 .take(ABANDONED_SHOWN)
-                .map(|c| {
-                    let node = match c.node.as_str() {
-                        "" | "start" => String::new(),
-                        node => format!(" · {node}"),
-                    };
-                    let input: String = c.input.chars().take(60).collect();
-                    format!(
-                        "{}/{}{node} [{} #{}] turn {} (\"{input}\"), waiting {:.1}s",
-                        c.suite,
-                        c.scenario,
-                        c.agent,
-                        c.repetition,
-                        c.turn_index,
-                        c.waited_ms / 1000.0
-                    )
-                })
+                .map(trellis_records::AbandonedCall::describe)
                 .collect(),
             abandoned_more: page
                 .finished
