@@ -478,14 +478,16 @@ fn text_taken_for_number(
     if eval(&view(&|_| true, true)).ok() != Some(kept) {
         return None;
     }
-    let (column, text, _) = numeric
+    let (column, text, number) = numeric
         .iter()
         .find(|(k, _, _)| eval(&view(&|c| c == k.as_str(), false)).is_ok_and(|v| v != kept))
         .unwrap_or(&numeric[0]);
+    // `007` is an integer's text: `| int` reads it as the number it spells.
+    let as_number = if number.is_i64() { "int" } else { "float" };
     Some(format!(
         "the filter compares `{column}`, the text `{text}`, with a number: a text is never \
          equal to a number and orders after every one, so the row was {} by type, not by \
-         value; compare it as a number (`row.{column} | float`) or as text (`'{text}'`)",
+         value; compare it as a number (`row.{column} | {as_number}`) or as text (`'{text}'`)",
         if kept { "kept" } else { "dropped" }
     ))
 }

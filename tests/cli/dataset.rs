@@ -2771,6 +2771,18 @@ async fn a_filter_comparing_a_number_kept_as_text_with_a_number_is_an_error() {
     );
     assert!(err.contains("row 1"), "{err}");
     assert!(err.contains("compare it as a number (`row.price"), "{err}");
+    // An integer's text (`007`) is read with `int`, not `float`.
+    let dir = project(&suite("{{ row.code < 100 }}"), data);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(err.contains("the text `007`"), "{err}");
+    assert!(err.contains("int`) or as text (`'007'`)"), "{err}");
 
     // Text work on a field a number would fail (`| length`, `in`, slices) and type tests
     // are no comparison with a number.
