@@ -1379,14 +1379,19 @@ where
         };
         // A 503's `Retry-After` says when the server is back: a retry before then meets
         // the same outage and spends itself for nothing.
-        if let Some(asked) = fault.back_after.take() {
+        let asked = fault.back_after.take();
+        if let Some(asked) = asked {
             delay = delay.max(asked.min(MAX_SINGLE_RATE_LIMIT_WAIT));
         }
         if let Some(deadline) = deadline
             && Instant::now() + delay >= deadline
         {
+            let wait = match asked {
+                Some(asked) => format!("before the {asked:?} its Retry-After asked for"),
+                None => "during backoff".to_owned(),
+            };
             fault.message.push_str(&format!(
-                " (attempt {n}; not retried: the trajectory timeout would pass during backoff)"
+                " (attempt {n}; not retried: the trajectory timeout would pass {wait})"
             ));
             break Attempted { result, attempts };
         }

@@ -278,6 +278,27 @@ async fn a_retry_of_a_503_waits_for_its_retry_after() {
         "retried after {:?}",
         started.elapsed()
     );
+    // A wait past the trajectory's deadline is not made, and the fault says whose wait.
+    let server = MisbehavingServer::start(Behavior::Unavailable {
+        times: 100,
+        retry_after: "30".into(),
+    })
+    .await;
+    let client = client(&server.url(), 2, limits(SHORT));
+    let ctx = CallContext {
+        deadline: Some(Instant::now() + Duration::from_secs(5)),
+        ..ctx(0)
+    };
+    let outcome = respond(&client, &history(), &ctx).await;
+    let message = fault_of(&outcome, FaultCategory::Http5xx);
+    assert!(
+        message.contains(
+            "not retried: the trajectory timeout would pass before the 30s its \
+             Retry-After asked for"
+        ),
+        "{message}"
+    );
+    assert_eq!(server.requests(), 1);
 }
 
 #[tokio::test]
