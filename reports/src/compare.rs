@@ -660,14 +660,7 @@ pub fn compare(
         );
         skipped_in_head(&suite, &scenario, &agent, &mut rate);
         unchecked_in_head(&mut rate);
-        // Missing from a head run that stopped before its end: not reached, not removed.
-        if head_incomplete.is_some()
-            && h.is_none()
-            && b.is_some_and(|b| b.repeats.samples > 0)
-            && rate.verdict == Verdict::Removed
-        {
-            rate.verdict = Verdict::NotRun;
-        }
+        not_reached_by_a_stopped_head(&mut rate, head_incomplete.is_some());
         BranchChange {
             rate,
             suite: String::from(&*suite),
@@ -770,15 +763,7 @@ pub fn compare(
                     &thresholds,
                 );
                 skipped_in_head(&suite, &scenario, &agent, &mut rate);
-                // Missing from a head run that stopped before its end: not reached, not
-                // removed (as its branch).
-                if head_incomplete.is_some()
-                    && h.is_none()
-                    && b.is_some_and(|b| b.ran() > 0)
-                    && rate.verdict == Verdict::Removed
-                {
-                    rate.verdict = Verdict::NotRun;
-                }
+                not_reached_by_a_stopped_head(&mut rate, head_incomplete.is_some());
                 // A fidelity check rates the simulated user, not the agent: one its judge
                 // could not answer says nothing of the agent (docs/simulator.md).
                 let of_the_agent = h.is_none_or(|c| c.kind != trellis_records::FIDELITY_KIND);
@@ -1062,6 +1047,18 @@ fn unchecked_reason(h: &crate::stats::ScenarioStats, head_incomplete: Option<&st
         why.to_owned()
     } else {
         "skipped".to_owned()
+    }
+}
+
+/// A branch or check the base run checked and a head run that stopped before its end
+/// (`head_stopped`) does not have was not reached, not removed from the suites.
+fn not_reached_by_a_stopped_head(rate: &mut RateChange, head_stopped: bool) {
+    if head_stopped
+        && rate.head.is_none()
+        && rate.base.is_some_and(|t| t.samples > 0)
+        && rate.verdict == Verdict::Removed
+    {
+        rate.verdict = Verdict::NotRun;
     }
 }
 

@@ -1285,7 +1285,7 @@ impl Session {
     /// printed (its colours taken out).
     fn show_invalid(&self, said: &str) {
         if let Some(server) = &self.server {
-            server.invalid(Some(strip_ansi(said)));
+            server.invalid(Some(anstream::adapter::strip_str(said).to_string()));
         }
     }
 
@@ -2068,26 +2068,6 @@ fn describe(paths: &[PathBuf]) -> String {
         [one, two] => format!("{} and {} changed", show(one), show(two)),
         many => format!("{} files changed", many.len()),
     }
-}
-
-/// `text` without its terminal escape sequences (colours, styles).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' && chars.peek() == Some(&'[') {
-            chars.next();
-            // Parameters, then one final byte in `@`..=`~`.
-            for c in chars.by_ref() {
-                if ('@'..='~').contains(&c) {
-                    break;
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]

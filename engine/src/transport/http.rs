@@ -1399,9 +1399,9 @@ where
         // minute, say) ends there with the fault it would have retried, recorded on the
         // turn, not sat out until the stop's grace drops the call with its trajectory.
         let stopped = async {
-            match RUN_STOP.try_with(|turn| Arc::clone(&turn.run)) {
-                Ok(run) => run.stop().cancelled().await,
-                Err(_) => std::future::pending().await,
+            match this_turns_run() {
+                Some(run) => run.stop().cancelled().await,
+                None => std::future::pending().await,
             }
         };
         let cut = tokio::select! {
@@ -1507,12 +1507,18 @@ pub(crate) async fn drop_unsent_turn_if_stopping() {
 
 /// Waits `wait` out of an HTTP 429. In a turn ([`droppable_while_rate_limited`]), a stop
 /// that drops calls in flight before the wait would end drops this call at once.
+/// The run of the turn this task is taking (`droppable_while_rate_limited` sets it), if
+/// any: a judge's or a provider's call outside a turn has none.
+fn this_turns_run() -> Option<Arc<dyn RunStop>> {
+    RUN_STOP.try_with(|turn| Arc::clone(&turn.run)).ok()
+}
+
 pub async fn wait_out_rate_limit(wait: Duration) {
     let ends = Instant::now() + wait;
     let outlasted = async {
-        match RUN_STOP.try_with(|turn| Arc::clone(&turn.run)) {
-            Ok(run) => outlasted_by(&*run, ends).await,
-            Err(_) => std::future::pending().await,
+        match this_turns_run() {
+            Some(run) => outlasted_by(&*run, ends).await,
+            None => std::future::pending().await,
         }
     };
     tokio::select! {

@@ -181,27 +181,13 @@ fn with_banner(page: &str, why: &str) -> String {
         "<div class=\"banner warn\" id=\"watch-invalid\"><b>The suites do not load since \
          the last save</b>: the report below is the last run's. Fix them and save.\
          <pre>{}</pre></div>",
-        escape(why)
+        minijinja::HtmlEscape(why)
     );
     let at = page
         .find("<body")
         .and_then(|start| page[start..].find('>').map(|end| start + end + 1))
         .unwrap_or(0);
     format!("{}{banner}{}", &page[..at], &page[at..])
-}
-
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// The page with the reload script, allowed by the page's policy.
